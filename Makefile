@@ -1,0 +1,22 @@
+# One-command entry points. Each target sets up .venv/ first (quick when already done).
+PY := .venv/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: setup test demo bench clean
+
+setup:
+	@bash tools/setup_env.sh
+
+# pytest exits 5 when it collected no test; make treats any non-zero exit as failure.
+test: setup
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+
+demo: setup
+	@bash tools/demo.sh
+
+bench: setup
+	$(PY) bench/loader_throughput.py
+	$(PY) bench/train_throughput.py
+
+clean:
+	rm -rf .venv build .pytest_cache

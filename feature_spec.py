@@ -1,0 +1,325 @@
+"""FeatureSpec: what a dataset is (features, files, channels), loaded from yaml and validated.
+
+The yaml has four sections:
+  feature_spec:  name -> {dtype, cardinality (categorical only)}
+  source_spec:   mapping ('train', 'test', optionally 'validation') -> list of chunks
+                 {type: split_binary, features: [...], files: [...]}
+  channel_spec:  channel ('categorical', 'numerical', 'label') -> list of feature names
+  metadata:      free-form (e.g. row counts written by the tools)
+File paths are relative to the directory holding the yaml.
+"""
+from __future__ import annotations
+
+import copy
+import os
+import tempfile
+from dataclasses import dataclass, field
+
+import numpy as np
+import yaml
+
+CATEGORICAL_CHANNEL = "categorical"
+NUMERICAL_CHANNEL = "numerical"
+LABEL_CHANNEL = "label"
+CHANNELS = (CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL, LABEL_CHANNEL)
+
+TRAIN_MAPPING = "train"
+TEST_MAPPING = "test"
+VALIDATION_MAPPING = "validation"
+REQUIRED_MAPPINGS = (TRAIN_MAPPING, TEST_MAPPING)
+KNOWN_MAPPINGS = (TRAIN_MAPPING, TEST_MAPPING, VALIDATION_MAPPING)
+
+SPLIT_BINARY = "split_binary"
+CATEGORICAL_DTYPES = ("int8", "int16", "int32", "int64")
+# float16 is the format's type; float32 is accepted for tools that want exact values.
+NUMERICAL_DTYPES = ("float16", "float32")
+LABEL_DTYPES = ("bool", "int8")
+
+DEFAULT_FILENAME = "feature_spec.yaml"
+
+# Cardinalities of the 26 categorical features of the Criteo 1TB click logs after
+# preprocessing with frequency thresholds 15, 3 and 0 (values seen fewer times than the
+# threshold share one id), as published for NVIDIA's DLRM_and_DCNv2 TensorFlow 2 example.
+CRITEO_CARDINALITIES = {
+    15: [7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469, 245828, 11,
+         2209, 10667, 104, 4, 968, 15, 8165896, 2675940, 7156453, 302516, 12022, 97, 35],
+    3: [45833188, 36747, 17245, 7413, 20243, 4, 7114, 1441, 63, 29275261, 1572176, 345138, 11,
+        2209, 11267, 128, 4, 975, 15, 48937457, 11316796, 40094537, 452104, 12606, 104, 35],
+    0: [227605432, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 130229467, 3067956, 405282,
+        10, 2209, 11938, 155, 4, 976, 14, 292775614, 40790948, 187188510, 590152, 12973, 108,
+        36],
+}
+CRITEO_NUM_NUMERICAL = 13
+CRITEO_VARIANTS = {f"criteo_t{t}_synthetic": t for t in CRITEO_CARDINALITIES}
+
+
+class FeatureSpecError(ValueError):
+    """A FeatureSpec that this model cannot use; the message names the culprit."""
+
+
+def narrowest_int_dtype(cardinality: int) -> str:
+    """Smallest signed integer type holding ids 0..cardinality-1."""
+    largest_id = max(int(cardinality) - 1, 0)
+    for dtype in CATEGORICAL_DTYPES:
+        if largest_id <= np.iinfo(dtype).max:
+            return dtype
+    raise FeatureSpecError(f"cardinality {cardinality} does not fit in int64")
+
+
+def atomic_write_text(path: str, text: str) -> None:
+    """Write via a temp file in the same directory and rename, so readers never see half a file."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass
+class FeatureSpec:
+    feature_spec: dict
+    source_spec: dict
+    channel_spec: dict
+    metadata: dict = field(default_factory=dict)
+    base_directory: str = "."
+
+    # ---- loading and saving -------------------------------------------------------------
+    @classmethod
+    def from_yaml(cls, path: str) -> "FeatureSpec":
+        if not os.path.isfile(path):
+            raise FeatureSpecError(f"feature spec file not found: {path}")
+        with open(path) as f:
+            try:
+                raw = yaml.safe_load(f)
+            except yaml.YAMLError as e:
+                raise FeatureSpecError(f"{path}: not valid yaml ({e})") from e
+        if not isinstance(raw, dict):
+            raise FeatureSpecError(f"{path}: expected a mapping with sections feature_spec, "
+                                   f"source_spec, channel_spec, metadata")
+        missing = [s for s in ("feature_spec", "source_spec", "channel_spec") if s not in raw]
+        if missing:
+            raise FeatureSpecError(f"{path}: missing section(s) {', '.join(missing)}")
+        return cls(feature_spec=raw["feature_spec"] or {}, source_spec=raw["source_spec"] or {},
+                   channel_spec=raw["channel_spec"] or {}, metadata=raw.get("metadata") or {},
+                   base_directory=os.path.dirname(os.path.abspath(path)))
+
+    def to_dict(self) -> dict:
+        return {"feature_spec": copy.deepcopy(self.feature_spec),
+                "source_spec": copy.deepcopy(self.source_spec),
+                "channel_spec": copy.deepcopy(self.channel_spec),
+                "metadata": copy.deepcopy(self.metadata)}
+
+    def to_yaml(self, path: str) -> None:
+        atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+
+    def copy(self) -> "FeatureSpec":
+        return FeatureSpec(**self.to_dict(), base_directory=self.base_directory)
+
+    # ---- accessors ----------------------------------------------------------------------
+    @property
+    def categorical_features(self) -> list:
+        return list(self.channel_spec.get(CATEGORICAL_CHANNEL) or [])
+
+    @property
+    def numerical_features(self) -> list:
+        return list(self.channel_spec.get(NUMERICAL_CHANNEL) or [])
+
+    @property
+    def label_feature(self) -> str:
+        return self.channel_spec[LABEL_CHANNEL][0]
+
+    @property
+    def cardinalities(self) -> list:
+        return [int(self.feature_spec[f]["cardinality"]) for f in self.categorical_features]
+
+    def dtype(self, feature: str) -> np.dtype:
+        return np.dtype(self.feature_spec[feature]["dtype"])
+
+    @property
+    def mappings(self) -> list:
+        return list(self.source_spec.keys())
+
+    def chunk_path(self, chunk: dict) -> str:
+        return os.path.join(self.base_directory, chunk["files"][0])
+
+    def feature_files(self, mapping: str) -> dict:
+        """For one mapping: {'numerical': path, 'label': path, 'categorical': [path per feature
+        in channel order]}. Assumes a validated spec."""
+        by_feature = {}
+        for chunk in self.source_spec[mapping]:
+            for feature in chunk["features"]:
+                by_feature[feature] = self.chunk_path(chunk)
+        numerical = self.numerical_features
+        return {"numerical": by_feature[numerical[0]] if numerical else None,
+                "label": by_feature[self.label_feature],
+                "categorical": [by_feature[f] for f in self.categorical_features]}
+
+    # ---- validation ---------------------------------------------------------------------
+    def validate(self) -> "FeatureSpec":
+        """Raise FeatureSpecError (one line naming the culprit) unless the spec fits DLRM."""
+        fs, cs, ss = self.feature_spec, self.channel_spec, self.source_spec
+        if not isinstance(fs, dict) or not fs:
+            raise FeatureSpecError("feature_spec: expected a non-empty mapping of feature names")
+        for name, props in fs.items():
+            if not isinstance(props, dict) or "dtype" not in props:
+                raise FeatureSpecError(f"feature_spec: feature '{name}' needs a dtype")
+            try:
+                np.dtype(props["dtype"])
+            except TypeError:
+                raise FeatureSpecError(f"feature_spec: feature '{name}' has unknown dtype "
+                                       f"'{props['dtype']}'") from None
+
+        if not isinstance(cs, dict) or set(cs) != set(CHANNELS):
+            found = sorted(cs) if isinstance(cs, dict) else cs
+            raise FeatureSpecError(f"channel_spec: expected exactly the channels "
+                                   f"{list(CHANNELS)}, found {found}")
+        seen_in_channels = {}
+        for channel in CHANNELS:
+            names = cs[channel] or []
+            if not isinstance(names, list):
+                raise FeatureSpecError(f"channel_spec: channel '{channel}' must be a list")
+            for name in names:
+                if name in seen_in_channels:
+                    raise FeatureSpecError(f"channel_spec: feature '{name}' appears twice "
+                                           f"(in '{seen_in_channels[name]}' and '{channel}')")
+                seen_in_channels[name] = channel
+                if name not in fs:
+                    raise FeatureSpecError(f"channel_spec: feature '{name}' of channel "
+                                           f"'{channel}' is not described in feature_spec")
+        if len(cs[LABEL_CHANNEL] or []) != 1:
+            raise FeatureSpecError(f"channel_spec: channel 'label' must hold exactly one "
+                                   f"feature, found {len(cs[LABEL_CHANNEL] or [])}")
+        if not cs[CATEGORICAL_CHANNEL] and not cs[NUMERICAL_CHANNEL]:
+            raise FeatureSpecError("channel_spec: no categorical and no numerical features")
+
+        for name in cs[CATEGORICAL_CHANNEL] or []:
+            props = fs[name]
+            if str(np.dtype(props["dtype"])) not in CATEGORICAL_DTYPES:
+                raise FeatureSpecError(f"feature '{name}': categorical dtype must be one of "
+                                       f"{list(CATEGORICAL_DTYPES)}, found '{props['dtype']}'")
+            card = props.get("cardinality")
+            if isinstance(card, bool) or not isinstance(card, int) or card < 1:
+                raise FeatureSpecError(f"feature '{name}': cardinality must be a positive "
+                                       f"integer, found {card!r}")
+            if card - 1 > np.iinfo(props["dtype"]).max:
+                raise FeatureSpecError(f"feature '{name}': cardinality {card} does not fit "
+                                       f"dtype {props['dtype']}")
+        for name in cs[NUMERICAL_CHANNEL] or []:
+            if str(np.dtype(fs[name]["dtype"])) not in NUMERICAL_DTYPES:
+                raise FeatureSpecError(f"feature '{name}': numerical dtype must be one of "
+                                       f"{list(NUMERICAL_DTYPES)}, found '{fs[name]['dtype']}'")
+        numerical_dtypes = {str(np.dtype(fs[n]["dtype"])) for n in cs[NUMERICAL_CHANNEL] or []}
+        if len(numerical_dtypes) > 1:
+            raise FeatureSpecError(f"numerical features must share one dtype, found "
+                                   f"{sorted(numerical_dtypes)}")
+        label = cs[LABEL_CHANNEL][0]
+        if str(np.dtype(fs[label]["dtype"])) not in LABEL_DTYPES:
+            raise FeatureSpecError(f"feature '{label}': label dtype must be one of "
+                                   f"{list(LABEL_DTYPES)}, found '{fs[label]['dtype']}'")
+
+        if not isinstance(ss, dict):
+            raise FeatureSpecError("source_spec: expected a mapping of mapping names")
+        for mapping in REQUIRED_MAPPINGS:
+            if mapping not in ss:
+                raise FeatureSpecError(f"source_spec: mapping '{mapping}' is required, found "
+                                       f"{sorted(ss)}")
+        for mapping in ss:
+            if mapping not in KNOWN_MAPPINGS:
+                raise FeatureSpecError(f"source_spec: unknown mapping '{mapping}', expected "
+                                       f"some of {list(KNOWN_MAPPINGS)}")
+            self._validate_mapping(mapping)
+        return self
+
+    def _validate_mapping(self, mapping: str) -> None:
+        cs = self.channel_spec
+        chunks = self.source_spec[mapping]
+        if not isinstance(chunks, list) or not chunks:
+            raise FeatureSpecError(f"source_spec: mapping '{mapping}' must be a non-empty "
+                                   f"list of chunks")
+        present = {}
+        for index, chunk in enumerate(chunks):
+            where = f"source_spec: mapping '{mapping}' chunk {index}"
+            if not isinstance(chunk, dict):
+                raise FeatureSpecError(f"{where}: expected a mapping with type, features, files")
+            if chunk.get("type") != SPLIT_BINARY:
+                raise FeatureSpecError(f"{where}: type must be '{SPLIT_BINARY}', found "
+                                       f"{chunk.get('type')!r}")
+            files, features = chunk.get("files"), chunk.get("features")
+            if not isinstance(files, list) or len(files) != 1:
+                raise FeatureSpecError(f"{where}: exactly one file per chunk, found {files!r}")
+            if not isinstance(features, list) or not features:
+                raise FeatureSpecError(f"{where}: features must be a non-empty list")
+            for name in features:
+                if name in present:
+                    raise FeatureSpecError(f"{where}: feature '{name}' appears twice in "
+                                           f"mapping '{mapping}'")
+                if name not in self.feature_spec:
+                    raise FeatureSpecError(f"{where}: feature '{name}' is not described in "
+                                           f"feature_spec")
+                present[name] = index
+            channels = {self._channel_of(n) for n in features}
+            if None in channels:
+                stray = [n for n in features if self._channel_of(n) is None]
+                raise FeatureSpecError(f"{where}: feature(s) {stray} belong to no channel")
+            if len(channels) > 1:
+                raise FeatureSpecError(f"{where}: mixes channels {sorted(channels)}; each "
+                                       f"chunk holds one channel")
+            channel = channels.pop()
+            if channel in (CATEGORICAL_CHANNEL, LABEL_CHANNEL) and len(features) != 1:
+                raise FeatureSpecError(f"{where}: a {channel} feature must be alone in its "
+                                       f"chunk, found {features}")
+            if channel == NUMERICAL_CHANNEL and features != list(cs[NUMERICAL_CHANNEL]):
+                raise FeatureSpecError(f"{where}: all numerical features must be in one chunk "
+                                       f"in channel order {list(cs[NUMERICAL_CHANNEL])}, "
+                                       f"found {features}")
+        for channel in CHANNELS:
+            for name in cs[channel] or []:
+                if name not in present:
+                    raise FeatureSpecError(f"source_spec: mapping '{mapping}' lacks feature "
+                                           f"'{name}' of channel '{channel}'")
+
+    def _channel_of(self, feature: str):
+        for channel in CHANNELS:
+            if feature in (self.channel_spec.get(channel) or []):
+                return channel
+        return None
+
+    # ---- generators ---------------------------------------------------------------------
+    @classmethod
+    def get_default(cls, num_numerical: int, cardinalities, mappings=REQUIRED_MAPPINGS,
+                    numerical_dtype: str = "float16", label_dtype: str = "bool") -> "FeatureSpec":
+        """The standard split-binary layout: <mapping>/numerical.bin, label.bin, cat_<i>.bin."""
+        numerical = [f"num_{i}" for i in range(num_numerical)]
+        categorical = [f"cat_{i}" for i in range(len(cardinalities))]
+        feature_spec = {name: {"dtype": numerical_dtype} for name in numerical}
+        for name, card in zip(categorical, cardinalities):
+            feature_spec[name] = {"dtype": narrowest_int_dtype(card), "cardinality": int(card)}
+        feature_spec["label"] = {"dtype": label_dtype}
+        source_spec = {}
+        for mapping in mappings:
+            chunks = []
+            if numerical:
+                chunks.append({"type": SPLIT_BINARY, "features": list(numerical),
+                               "files": [f"{mapping}/numerical.bin"]})
+            chunks.append({"type": SPLIT_BINARY, "features": ["label"],
+                           "files": [f"{mapping}/label.bin"]})
+            for name in categorical:
+                chunks.append({"type": SPLIT_BINARY, "features": [name],
+                               "files": [f"{mapping}/{name}.bin"]})
+            source_spec[mapping] = chunks
+        channel_spec = {CATEGORICAL_CHANNEL: categorical, NUMERICAL_CHANNEL: numerical,
+                        LABEL_CHANNEL: ["label"]}
+        return cls(feature_spec, source_spec, channel_spec, {})
+
+    @classmethod
+    def get_variant(cls, variant: str) -> "FeatureSpec":
+        if variant not in CRITEO_VARIANTS:
+            raise FeatureSpecError(f"unknown feature spec variant '{variant}', expected one of "
+                                   f"{sorted(CRITEO_VARIANTS)}")
+        return cls.get_default(CRITEO_NUM_NUMERICAL, CRITEO_CARDINALITIES[CRITEO_VARIANTS[variant]])
