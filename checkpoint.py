@@ -1,0 +1,172 @@
+"""Checkpoints that do not depend on the world size.
+
+Layout of a checkpoint directory:
+  meta.json            step, data position, model shape, optimizer, world size at save time
+  dense.npz            data-parallel variables (and their optimizer slots, '<name>/m', '/v')
+  table_<t>.npy        embedding table t, whole ([rows, dim]), one file per table
+  table_<t>.m.npy ...  its lazy-Adam moments, when the optimizer is Adam
+Each rank writes the column slices it holds into a temporary directory; rank 0 joins slices
+of a table into its file in row chunks and renames the directory into place, so an
+interrupted save never leaves a half checkpoint. Restoring reads only the columns a rank
+holds (memory-mapped). The directory must be visible to every rank (a shared filesystem).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import numpy as np
+
+from feature_spec import atomic_write_text
+
+FORMAT_VERSION = 1
+ROW_CHUNK = 1 << 16
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def _model_shape(model) -> dict:
+    c = model.config
+    return {"num_numerical": c.num_numerical, "cardinalities": list(c.cardinalities),
+            "embedding_dim": c.embedding_dim, "bottom_mlp_dims": list(c.bottom_mlp_dims),
+            "top_mlp_dims": list(c.top_mlp_dims), "interaction": c.interaction,
+            "num_cross_layers": c.num_cross_layers if c.interaction == "cross" else None,
+            "cross_layer_projection_dim":
+                c.cross_layer_projection_dim if c.interaction == "cross" else None}
+
+
+def _piece_file(table: int, c0: int, c1: int, slot: str = "") -> str:
+    return f"piece_{table}_{c0}_{c1}{'.' + slot if slot else ''}.npy"
+
+
+def _table_file(table: int, slot: str = "") -> str:
+    return f"table_{table}{'.' + slot if slot else ''}.npy"
+
+
+def save(path: str, trainer, position: dict) -> None:
+    """position: {'step', 'epoch', 'batch_in_epoch'} of the next batch to train on."""
+    comm, model, optimizer = trainer.comm, trainer.model, trainer.optimizer
+    path = os.path.abspath(path)
+    tmp = path + ".tmp"
+    if comm.rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+    comm.barrier()
+    plan = model.plan
+    table_keys = {var.ref(): f"table/{i}" for i, (_, var) in enumerate(trainer.table_pairs)}
+    for piece, var in zip(model.embeddings.local_pieces, model.embeddings.piece_variables):
+        slots = optimizer.slots(table_keys.get(var.ref(), ""))
+        np.save(os.path.join(tmp, _piece_file(piece.table, piece.col_start, piece.col_stop)),
+                var.numpy())
+        for slot, slot_var in slots.items():
+            np.save(os.path.join(tmp, _piece_file(piece.table, piece.col_start,
+                                                  piece.col_stop, slot)), slot_var.numpy())
+    if comm.rank == 0:
+        for table, var in model.embeddings.replicated_variables.items():
+            np.save(os.path.join(tmp, _table_file(table)), var.numpy())
+            for slot, slot_var in optimizer.slots(table_keys.get(var.ref(), "")).items():
+                np.save(os.path.join(tmp, _table_file(table, slot)), slot_var.numpy())
+        dense = {}
+        for name, var in model.dense_variables().items():
+            dense[name] = var.numpy()
+            for slot, slot_var in optimizer.slots(name).items():
+                dense[f"{name}/{slot}"] = slot_var.numpy()
+        np.savez(os.path.join(tmp, "dense.npz"), **dense)
+        iterations = getattr(optimizer, "iterations", None)
+        meta = {"format_version": FORMAT_VERSION, "position": position,
+                "model": _model_shape(model), "optimizer": type(optimizer).__name__.lower(),
+                "optimizer_iterations": int(iterations.numpy()) if iterations is not None else 0,
+                "saved_world_size": comm.size}
+        atomic_write_text(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1))
+    comm.barrier()
+    if comm.rank == 0:
+        slots = [""] + list(optimizer.slots("table/0").keys() if trainer.table_pairs else [])
+        for table in range(plan.num_tables):
+            if table in plan.replicated:
+                continue
+            for slot in slots:
+                _join_pieces(tmp, plan, table, slot)
+        if os.path.exists(path):
+            old = path + ".old"
+            shutil.rmtree(old, ignore_errors=True)
+            os.rename(path, old)
+            os.rename(tmp, path)
+            shutil.rmtree(old)
+        else:
+            os.rename(tmp, path)
+    comm.barrier()
+
+
+def _join_pieces(directory: str, plan, table: int, slot: str) -> None:
+    pieces = plan.pieces_of(table)
+    files = [os.path.join(directory, _piece_file(table, p.col_start, p.col_stop, slot))
+             for p in pieces]
+    if not all(os.path.exists(f) for f in files):
+        return  # this slot does not exist for the table (e.g. SGD, or a frozen table)
+    target = os.path.join(directory, _table_file(table, slot))
+    if len(files) == 1:
+        os.rename(files[0], target)
+        return
+    sources = [np.load(f, mmap_mode="r") for f in files]
+    out = np.lib.format.open_memmap(target, mode="w+", dtype=np.float32,
+                                    shape=(plan.cardinalities[table], plan.dim))
+    for start in range(0, out.shape[0], ROW_CHUNK):
+        stop = min(start + ROW_CHUNK, out.shape[0])
+        for p, src in zip(pieces, sources):
+            out[start:stop, p.col_start:p.col_stop] = src[start:stop]
+    out.flush()
+    del out, sources
+    for f in files:
+        os.unlink(f)
+
+
+def read_meta(path: str) -> dict:
+    meta_path = os.path.join(path, "meta.json")
+    if not os.path.isfile(meta_path):
+        raise CheckpointError(f"no checkpoint at {path} (missing meta.json)")
+    with open(meta_path) as f:
+        return json.load(f)
+
+
+def restore(path: str, trainer) -> dict:
+    """Load weights (and matching optimizer slots) into the trainer; return the position."""
+    model, optimizer = trainer.model, trainer.optimizer
+    meta = read_meta(path)
+    expected = _model_shape(model)
+    mismatched = [f"{k}: checkpoint has {meta['model'].get(k)}, flags give {v}"
+                  for k, v in expected.items() if meta["model"].get(k) != v]
+    if mismatched:
+        raise CheckpointError(f"checkpoint {path} does not match the model: "
+                              + "; ".join(mismatched))
+    same_optimizer = meta["optimizer"] == type(optimizer).__name__.lower()
+    with np.load(os.path.join(path, "dense.npz")) as dense:
+        for name, var in model.dense_variables().items():
+            var.assign(dense[name])
+            if same_optimizer:
+                for slot, slot_var in optimizer.slots(name).items():
+                    slot_var.assign(dense[f"{name}/{slot}"])
+    table_keys = {var.ref(): f"table/{i}" for i, (_, var) in enumerate(trainer.table_pairs)}
+    for piece, var in model.embeddings.all_variables():
+        if isinstance(piece, int):  # replicated table: whole
+            table, c0, c1 = piece, 0, model.plan.dim
+        else:
+            table, c0, c1 = piece.table, piece.col_start, piece.col_stop
+        var.assign(_read_columns(os.path.join(path, _table_file(table)), c0, c1))
+        if same_optimizer:
+            for slot, slot_var in optimizer.slots(table_keys.get(var.ref(), "")).items():
+                slot_var.assign(_read_columns(os.path.join(path, _table_file(table, slot)),
+                                              c0, c1))
+    iterations = getattr(optimizer, "iterations", None)
+    if iterations is not None and same_optimizer:
+        iterations.assign(meta["optimizer_iterations"])
+    return meta["position"]
+
+
+def _read_columns(file: str, c0: int, c1: int) -> np.ndarray:
+    if not os.path.isfile(file):
+        raise CheckpointError(f"checkpoint file missing: {file}")
+    table = np.load(file, mmap_mode="r")
+    return np.ascontiguousarray(table[:, c0:c1])

@@ -1,0 +1,38 @@
+"""Deterministic weight initialisers (numpy, seeded per variable).
+
+Every variable draws from its own generator keyed by (seed, variable id), so the initial
+model is the same whatever the world size or placement of the tables.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+TABLE_INIT_CHUNK_ROWS = 65536
+
+
+def glorot_normal(fan_in: int, fan_out: int, seed: int, key: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, key])
+    std = np.sqrt(2.0 / (fan_in + fan_out))
+    return (rng.standard_normal((fan_in, fan_out)) * std).astype(np.float32)
+
+
+def bias_normal(units: int, seed: int, key: int) -> np.ndarray:
+    rng = np.random.default_rng([seed, key])
+    return (rng.standard_normal(units) * np.sqrt(1.0 / units)).astype(np.float32)
+
+
+def embedding_uniform(rows: int, dim: int, seed: int, table: int, col_start: int = 0,
+                      col_stop: int = None) -> np.ndarray:
+    """Columns [col_start, col_stop) of table `table`, uniform in +-sqrt(1/rows).
+
+    Generated in row chunks with one generator per chunk, so a column slice equals the same
+    columns of the whole table without building the whole table."""
+    col_stop = dim if col_stop is None else col_stop
+    bound = np.sqrt(1.0 / rows)
+    out = np.empty((rows, col_stop - col_start), dtype=np.float32)
+    for chunk, start in enumerate(range(0, rows, TABLE_INIT_CHUNK_ROWS)):
+        stop = min(start + TABLE_INIT_CHUNK_ROWS, rows)
+        rng = np.random.default_rng([seed, 1_000_000 + table, chunk])
+        block = rng.random((stop - start, dim), dtype=np.float32)
+        out[start:stop] = (block[:, col_start:col_stop] * 2 - 1) * bound
+    return out

@@ -1,0 +1,141 @@
+"""Feature interactions: DLRM dot interaction and DCNv2 low-rank cross layers.
+
+`dot_interact_tf` is the reference implementation: the CUDA op in
+tensorflow-dot-based-interact/ and any exported model are tested against it.
+
+Dot interaction layout, for input X [B, R, C] (row 0 = bottom MLP output) and bottom [B, C]:
+    output [B, roundup8(C + R(R-1)/2)] = [ bottom | <X_i, X_j> for i > j, row-major | zeros ]
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from initializers import bias_normal, glorot_normal
+
+DOT_IMPLEMENTATIONS = ("auto", "tensorflow", "custom_cuda")
+
+
+def round_up_8(n: int) -> int:
+    return (n + 7) // 8 * 8
+
+
+def dot_output_width(num_rows: int, dim: int) -> int:
+    return round_up_8(dim + num_rows * (num_rows - 1) // 2)
+
+
+def lower_triangle_flat_indices(num_rows: int) -> np.ndarray:
+    """Positions of (i, j), i > j, in row-major order within a flattened [R, R] matrix."""
+    rows, cols = np.tril_indices(num_rows, k=-1)
+    return (rows * num_rows + cols).astype(np.int32)
+
+
+def dot_interact_tf(interaction_input, bottom_mlp_output):
+    """Reference dot interaction with plain TensorFlow ops (any device, any dtype)."""
+    num_rows, dim = interaction_input.shape[1], interaction_input.shape[2]
+    gram = tf.matmul(interaction_input, interaction_input, transpose_b=True)
+    flat = tf.reshape(gram, [-1, num_rows * num_rows])
+    pairs = tf.gather(flat, lower_triangle_flat_indices(num_rows), axis=1)
+    padding = dot_output_width(num_rows, dim) - dim - pairs.shape[1]
+    pieces = [bottom_mlp_output, pairs]
+    if padding:
+        pieces.append(tf.zeros([tf.shape(pairs)[0], padding], dtype=pairs.dtype))
+    return tf.concat(pieces, axis=1)
+
+
+def _load_cuda_op():
+    """The custom CUDA op module, or (None, reason)."""
+    try:
+        import tensorflow_dot_based_interact as cuda_interact
+    except ImportError as e:
+        return None, f"package tensorflow_dot_based_interact is not installed ({e})"
+    if cuda_interact.load_op() is None:
+        return None, cuda_interact.load_error()
+    return cuda_interact, None
+
+
+def select_dot_implementation(requested: str = "auto", use_cpu: bool = False):
+    """Pick the dot-interaction function: the CUDA op when it is loaded and a GPU is used,
+    else the TensorFlow implementation. `requested` forces one; impossible requests fail
+    with an error that says why."""
+    if requested not in DOT_IMPLEMENTATIONS:
+        raise ValueError(f"--dot_interaction must be one of {DOT_IMPLEMENTATIONS}, "
+                         f"found '{requested}'")
+    if requested == "tensorflow":
+        return dot_interact_tf
+    has_gpu = not use_cpu and bool(tf.config.list_logical_devices("GPU"))
+    if requested == "custom_cuda":
+        if use_cpu:
+            raise ValueError("--dot_interaction=custom_cuda runs on GPUs only; it cannot be "
+                             "combined with --cpu (use --dot_interaction=tensorflow)")
+        if not has_gpu:
+            raise ValueError("--dot_interaction=custom_cuda needs a GPU, and TensorFlow sees "
+                             "none (use --dot_interaction=tensorflow)")
+        op, reason = _load_cuda_op()
+        if op is None:
+            raise ValueError(f"--dot_interaction=custom_cuda: the CUDA op cannot be loaded: "
+                             f"{reason}")
+        return op.dot_based_interact
+    if has_gpu:
+        op, _ = _load_cuda_op()
+        if op is not None:
+            return op.dot_based_interact
+    return dot_interact_tf
+
+
+class DotInteraction(tf.Module):
+    """[bottom output, embeddings] -> dot-interaction features (no trainable weights)."""
+
+    def __init__(self, implementation=dot_interact_tf, name="dot_interaction"):
+        super().__init__(name=name)
+        self.implementation = implementation
+
+    def output_width(self, num_embeddings: int, dim: int) -> int:
+        return dot_output_width(num_embeddings + 1, dim)
+
+    def __call__(self, bottom_mlp_output, embeddings):
+        """bottom_mlp_output [B, C]; embeddings [B, T, C]."""
+        interaction_input = tf.concat([bottom_mlp_output[:, None, :], embeddings], axis=1)
+        return self.implementation(interaction_input, bottom_mlp_output)
+
+
+class CrossInteraction(tf.Module):
+    """DCNv2 low-rank cross network on x0 = [bottom output | flattened embeddings]:
+    x_{l+1} = x0 * (V (U x_l) + b) + x_l."""
+
+    def __init__(self, input_width: int, num_layers: int, projection_dim: int, seed: int = 0,
+                 name="cross_interaction"):
+        super().__init__(name=name)
+        if num_layers < 1 or projection_dim < 1:
+            raise ValueError(f"cross interaction needs num_cross_layers >= 1 and "
+                             f"cross_layer_projection_dim >= 1, found {num_layers}, "
+                             f"{projection_dim}")
+        self.layers = []
+        with self.name_scope:
+            for i in range(num_layers):
+                u = tf.Variable(glorot_normal(input_width, projection_dim, seed, 1000 + 3 * i),
+                                name=f"cross_{i}_u")
+                v = tf.Variable(glorot_normal(projection_dim, input_width, seed, 1001 + 3 * i),
+                                name=f"cross_{i}_v")
+                b = tf.Variable(bias_normal(input_width, seed, 1002 + 3 * i),
+                                name=f"cross_{i}_bias")
+                self.layers.append((u, v, b))
+        self.input_width = input_width
+
+    def output_width(self, num_embeddings: int, dim: int) -> int:
+        return self.input_width
+
+    def named_variables(self):
+        out = {}
+        for i, (u, v, b) in enumerate(self.layers):
+            out[f"cross/{i}/u"], out[f"cross/{i}/v"], out[f"cross/{i}/bias"] = u, v, b
+        return out
+
+    def __call__(self, bottom_mlp_output, embeddings, compute_dtype=tf.float32):
+        x0 = tf.concat([bottom_mlp_output, tf.reshape(embeddings, [tf.shape(embeddings)[0], -1])],
+                       axis=1)
+        x = x0
+        for u, v, b in self.layers:
+            u, v, b = (tf.cast(w, compute_dtype) for w in (u, v, b))
+            x = x0 * (tf.matmul(tf.matmul(x, u), v) + b) + x
+        return x

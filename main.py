@@ -1,0 +1,249 @@
+"""DLRM / DCNv2 for TensorFlow 2: train, evaluate, benchmark inference and export.
+
+Examples:
+  python main.py --dataset_path /data/dlrm --cpu
+  python main.py --dataset_type synthetic --synthetic_dataset_cardinalities 1000,1000,1000 --cpu
+  horovodrun -np 2 -H localhost:2 python main.py --dataset_path /data/dlrm --cpu
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+flags.DEFINE_enum("mode", "train", ["train", "eval", "inference", "deploy"],
+                  "train (with periodic evaluation), eval (AUC of a restored checkpoint), "
+                  "inference (latency/throughput benchmark) or deploy (export a SavedModel)")
+flags.DEFINE_string("dataset_path", None, "Directory of a split-binary dataset")
+flags.DEFINE_string("feature_spec", "feature_spec.yaml",
+                    "FeatureSpec yaml, relative to --dataset_path unless absolute")
+flags.DEFINE_enum("dataset_type", "tf_raw", ["tf_raw", "synthetic"],
+                  "tf_raw: split-binary files; synthetic: fresh random batches every step")
+flags.DEFINE_integer("batch_size", 65536, "Global training batch size (all processes)")
+flags.DEFINE_integer("valid_batch_size", 65536, "Global evaluation / inference batch size")
+flags.DEFINE_integer("epochs", 1, "Number of passes over the training data")
+flags.DEFINE_integer("max_steps", -1, "Stop training after this many steps (-1: no limit); "
+                     "in --mode inference the number of timed batches (-1 means 1000)")
+flags.DEFINE_integer("evals_per_epoch", 1, "Evaluations per epoch (the last at its end)")
+flags.DEFINE_enum("optimizer", "sgd", ["sgd", "adam"],
+                  "sgd for every variable, or adam for dense layers + lazy adam for tables")
+flags.DEFINE_float("learning_rate", 24.0, "Peak learning rate")
+flags.DEFINE_integer("warmup_steps", 8000, "Linear warmup from 0 over this many steps")
+flags.DEFINE_integer("decay_start_step", 48000, "Step where polynomial decay starts")
+flags.DEFINE_integer("decay_steps", 24000, "Length of the decay to 0 (power 2); 0: no decay")
+flags.DEFINE_bool("amp", False, "Mixed precision: float16 compute on GPUs, bfloat16 on "
+                  "CPUs; tables stay float32; static loss scaling with --loss_scale")
+flags.DEFINE_float("loss_scale", 1024.0, "Static loss scale used with --amp")
+flags.DEFINE_bool("xla", False, "JIT-compile the dense part of the training step with XLA")
+flags.DEFINE_bool("run_eagerly", False, "Run steps eagerly (debugging)")
+flags.DEFINE_bool("cpu", False, "Run on CPU even when GPUs are present")
+flags.DEFINE_integer("print_freq", 100, "Print and log progress every this many steps")
+flags.DEFINE_integer("embedding_dim", 128, "Width of every embedding vector")
+flags.DEFINE_list("bottom_mlp_dims", ["512", "256", "128"], "Bottom MLP widths")
+flags.DEFINE_list("top_mlp_dims", ["1024", "1024", "512", "256", "1"], "Top MLP widths")
+flags.DEFINE_bool("embedding_trainable", True, "Train the embedding tables")
+flags.DEFINE_enum("interaction", "dot", ["dot", "cross"], "dot (DLRM) or cross (DCNv2)")
+flags.DEFINE_integer("num_cross_layers", 3, "DCNv2 cross layers")
+flags.DEFINE_integer("cross_layer_projection_dim", 512, "DCNv2 low-rank projection width")
+flags.DEFINE_enum("dot_interaction", "auto", ["auto", "custom_cuda", "tensorflow"],
+                  "Dot interaction implementation: auto uses the CUDA op when it is loaded "
+                  "and a GPU is used")
+flags.DEFINE_integer("seed", 12345, "Seed of initialisation, synthetic data and shuffling")
+flags.DEFINE_bool("shuffle_batch_order", False, "Shuffle the order of training batches "
+                  "(seeded per epoch)")
+flags.DEFINE_string("save_checkpoint_path", None, "Save a checkpoint here at the end")
+flags.DEFINE_integer("checkpoint_steps", 0, "Also save every this many steps (0: only at "
+                     "the end)")
+flags.DEFINE_string("restore_checkpoint_path", None, "Restore (and resume from) this "
+                    "checkpoint")
+flags.DEFINE_string("saved_model_output_path", None, "--mode deploy: SavedModel directory")
+flags.DEFINE_string("log_path", "dlrm_log.json", "DLLogger JSON-lines log file")
+flags.DEFINE_bool("print_plan", False, "Print the table placement plan and exit")
+flags.DEFINE_integer("column_slice_threshold", 0, "Split tables with more elements than "
+                     "this by columns across processes (0: never)")
+flags.DEFINE_integer("data_parallel_threshold", 0, "Replicate tables with at most this "
+                     "many elements on every process (0: never)")
+flags.DEFINE_float("cpu_offloading_threshold_gb", 0.0, "On GPU machines, keep tables "
+                   "larger than this in host memory (0: never); no effect with --cpu")
+flags.DEFINE_list("synthetic_dataset_cardinalities", ["100000"] * 26,
+                  "Synthetic data: cardinality of each categorical feature")
+flags.DEFINE_integer("synthetic_dataset_num_numerical_features", 13,
+                     "Synthetic data: number of numerical features")
+flags.DEFINE_bool("synthetic_dataset_use_feature_spec", False,
+                  "Synthetic data: take the shape from --feature_spec instead")
+flags.DEFINE_integer("synthetic_dataset_train_batches", 64, "Synthetic batches per epoch")
+flags.DEFINE_integer("synthetic_dataset_valid_batches", 8, "Synthetic evaluation batches")
+flags.DEFINE_float("synthetic_dataset_signal_strength", 0.0, "Synthetic data: strength of "
+                   "the planted label signal (0: labels independent of features)")
+flags.DEFINE_float("synthetic_dataset_power_law_alpha", 1.2, "Synthetic data: power-law "
+                   "exponent of categorical ids (1 = uniform)")
+
+
+class UsageError(ValueError):
+    pass
+
+
+def _ints(values, flag):
+    try:
+        return tuple(int(v) for v in values)
+    except ValueError:
+        raise UsageError(f"--{flag} must be comma-separated integers, found "
+                         f"{','.join(values)}") from None
+
+
+def check_flags(world_size: int) -> None:
+    if FLAGS.batch_size < 1 or FLAGS.valid_batch_size < 1:
+        raise UsageError("--batch_size and --valid_batch_size must be positive")
+    if FLAGS.batch_size % world_size:
+        raise UsageError(f"--batch_size {FLAGS.batch_size} is not divisible by the number of "
+                         f"processes ({world_size})")
+    if FLAGS.evals_per_epoch < 1:
+        raise UsageError(f"--evals_per_epoch must be >= 1, found {FLAGS.evals_per_epoch}")
+    if FLAGS.epochs < 1:
+        raise UsageError(f"--epochs must be >= 1, found {FLAGS.epochs}")
+    if FLAGS.dataset_type == "tf_raw" and not FLAGS.dataset_path:
+        raise UsageError("--dataset_path is required with --dataset_type tf_raw "
+                         "(or use --dataset_type synthetic)")
+    if FLAGS.mode == "deploy" and not FLAGS.saved_model_output_path:
+        raise UsageError("--mode deploy needs --saved_model_output_path")
+    if FLAGS.mode == "deploy" and world_size > 1:
+        raise UsageError("--mode deploy runs in one process: restore the checkpoint there "
+                         "(checkpoints do not depend on the number of processes)")
+    if FLAGS.amp and FLAGS.loss_scale <= 0:
+        raise UsageError(f"--loss_scale must be positive, found {FLAGS.loss_scale}")
+
+
+def load_spec():
+    from datasets import open_dataset
+    from feature_spec import FeatureSpec
+    if FLAGS.dataset_type == "tf_raw" or FLAGS.synthetic_dataset_use_feature_spec:
+        base = FLAGS.dataset_path or "."
+        return open_dataset(base, FLAGS.feature_spec)
+    cardinalities = _ints(FLAGS.synthetic_dataset_cardinalities,
+                          "synthetic_dataset_cardinalities")
+    if any(c < 1 for c in cardinalities):
+        raise UsageError(f"--synthetic_dataset_cardinalities must be positive, found "
+                         f"{list(cardinalities)}")
+    return FeatureSpec.get_default(FLAGS.synthetic_dataset_num_numerical_features,
+                                   cardinalities)
+
+
+def configure_devices():
+    import tensorflow as tf
+    if FLAGS.cpu:
+        tf.config.set_visible_devices([], "GPU")
+    else:
+        for gpu in tf.config.list_physical_devices("GPU"):
+            tf.config.experimental.set_memory_growth(gpu, True)
+
+
+def build(comm, spec):
+    from embedding import make_plan
+    from interaction import select_dot_implementation
+    from lr_scheduler import LearningRateSchedule
+    from model import DLRM, ModelConfig
+    from trainer import Trainer
+    config = ModelConfig(
+        num_numerical=len(spec.numerical_features), cardinalities=tuple(spec.cardinalities),
+        embedding_dim=FLAGS.embedding_dim,
+        bottom_mlp_dims=_ints(FLAGS.bottom_mlp_dims, "bottom_mlp_dims"),
+        top_mlp_dims=_ints(FLAGS.top_mlp_dims, "top_mlp_dims"),
+        interaction=FLAGS.interaction, num_cross_layers=FLAGS.num_cross_layers,
+        cross_layer_projection_dim=FLAGS.cross_layer_projection_dim,
+        embedding_trainable=FLAGS.embedding_trainable, seed=FLAGS.seed).validate()
+    plan = make_plan(config.cardinalities, config.embedding_dim, comm.size,
+                     FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold)
+    dot = select_dot_implementation(FLAGS.dot_interaction, FLAGS.cpu)
+    model = DLRM(config, plan, comm, dot)
+    schedule = LearningRateSchedule(FLAGS.learning_rate, FLAGS.warmup_steps,
+                                    FLAGS.decay_start_step, FLAGS.decay_steps)
+    trainer = Trainer(model, FLAGS.optimizer, schedule, amp=FLAGS.amp,
+                      loss_scale=FLAGS.loss_scale, xla=FLAGS.xla, run_eagerly=FLAGS.run_eagerly)
+    return plan, trainer
+
+
+def pipeline(spec, plan, comm, training: bool):
+    from dataloader import BatchPipeline, make_source
+    from feature_spec import TEST_MAPPING, TRAIN_MAPPING
+    batch = FLAGS.batch_size if training else FLAGS.valid_batch_size
+    batches = (FLAGS.synthetic_dataset_train_batches if training
+               else FLAGS.synthetic_dataset_valid_batches)
+    source = make_source(spec, plan, comm.rank, TRAIN_MAPPING if training else TEST_MAPPING,
+                         batch, training, FLAGS.dataset_type, batches, FLAGS.seed,
+                         FLAGS.synthetic_dataset_signal_strength,
+                         FLAGS.synthetic_dataset_power_law_alpha)
+    return BatchPipeline(source, spec.cardinalities)
+
+
+def main(argv):
+    del argv
+    from distributed import make_communicator
+    comm = make_communicator()
+    from dllog import DLLogger
+    logger = DLLogger(FLAGS.log_path, enabled=comm.rank == 0)
+    try:
+        check_flags(comm.size)
+        configure_devices()
+        spec = load_spec()
+        if FLAGS.print_plan:
+            from embedding import make_plan
+            plan = make_plan(spec.cardinalities, FLAGS.embedding_dim, comm.size,
+                             FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold)
+            logger.print(plan.describe())
+            return 0
+        plan, trainer = build(comm, spec)
+        own_flags = FLAGS.get_key_flags_for_module(sys.modules[__name__])
+        logger.parameters({f.name: f.value for f in own_flags} | {"world_size": comm.size})
+        import loops
+        position = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
+        if FLAGS.restore_checkpoint_path:
+            import checkpoint
+            position = checkpoint.restore(FLAGS.restore_checkpoint_path, trainer)
+            logger.print(f"restored {FLAGS.restore_checkpoint_path} at step {position['step']}")
+        comm.broadcast_variables(list(trainer.model.dense_variables().values()))
+        if FLAGS.mode == "train":
+            loops.train(trainer, pipeline(spec, plan, comm, True),
+                        pipeline(spec, plan, comm, False), logger, position, FLAGS)
+        elif FLAGS.mode == "eval":
+            metrics = loops.evaluate(trainer, pipeline(spec, plan, comm, False))
+            logger.log((), metrics)
+            logger.print(f"eval: auc {metrics['auc']:.6f} validation_loss "
+                         f"{metrics['validation_loss']:.6f}")
+        elif FLAGS.mode == "inference":
+            steps = FLAGS.max_steps if FLAGS.max_steps > 0 else 1000
+            metrics = loops.benchmark_inference(trainer, pipeline(spec, plan, comm, False),
+                                                steps)
+            logger.log((), metrics)
+            logger.print("inference: " + ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
+        else:
+            import export
+            export.export_saved_model(trainer.model, spec, FLAGS.saved_model_output_path)
+            logger.print(f"SavedModel written to {FLAGS.saved_model_output_path}")
+        return 0
+    finally:
+        logger.close()
+
+
+def run():
+    from checkpoint import CheckpointError
+    from datasets import DatasetError
+    from feature_spec import FeatureSpecError
+    from trainer import TrainingDivergedError
+
+    def guarded(argv):
+        try:
+            return main(argv)
+        except (UsageError, FeatureSpecError, DatasetError, CheckpointError,
+                TrainingDivergedError, ValueError) as e:
+            print(f"error: {e}", file=sys.stderr, flush=True)
+            sys.exit(2)
+    app.run(guarded)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    run()
