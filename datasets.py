@@ -14,8 +14,7 @@ import tempfile
 
 import numpy as np
 
-from feature_spec import (FeatureSpec, FeatureSpecError, LABEL_CHANNEL, NUMERICAL_CHANNEL,
-                          CATEGORICAL_CHANNEL)
+from feature_spec import FeatureSpec, FeatureSpecError  # noqa: F401 (re-exported)
 
 
 class DatasetError(ValueError):
@@ -28,16 +27,22 @@ def local_row_bounds(batch_rows: int, rank: int, world_size: int) -> tuple:
 
 
 class BatchSource:
-    """Common shape of a batch source: len(), get(i) -> (numerical, categorical list, label)."""
+    """Common shape of a batch source: len(), get(i) -> (numerical, categorical list, label).
+
+    get(i) always returns batch i of the file order. For training, batch_order(epoch) gives the
+    order to visit the batches in: 0..len-1, or with shuffle=True a permutation that depends
+    only on (seed, epoch), so every rank computes the same order without communicating.
+    """
 
     def __init__(self, batch_size: int, num_rows: int, drop_last: bool, rank: int,
-                 world_size: int):
+                 world_size: int, shuffle: bool = False, seed: int = 0):
         if batch_size < 1:
             raise ValueError(f"batch_size must be positive, found {batch_size}")
-        if not 0 <= rank < world_size:
+        if world_size < 1 or not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} outside world of size {world_size}")
         self.batch_size, self.num_rows = batch_size, num_rows
         self.rank, self.world_size = rank, world_size
+        self.drop_last, self.shuffle, self.seed = drop_last, shuffle, seed
         full, rest = divmod(num_rows, batch_size)
         self.num_batches = full if (drop_last or rest == 0) else full + 1
 
@@ -56,9 +61,19 @@ class BatchSource:
         lo, hi = local_row_bounds(stop - start, self.rank, self.world_size)
         return start + lo, start + hi
 
+    def batch_order(self, epoch: int = 0) -> np.ndarray:
+        """Indices of the batches in the order epoch `epoch` visits them."""
+        if not self.shuffle:
+            return np.arange(self.num_batches)
+        return np.random.default_rng([int(self.seed), int(epoch)]).permutation(self.num_batches)
+
+    def epoch(self, epoch: int = 0):
+        """Yield the batches of one epoch in batch_order(epoch)."""
+        for i in self.batch_order(epoch):
+            yield self.get(int(i))
+
     def __iter__(self):
-        for i in range(self.num_batches):
-            yield self.get(i)
+        return self.epoch(0)
 
 
 def _check_file_rows(path: str, row_bytes: int, what: str) -> int:
@@ -71,53 +86,82 @@ def _check_file_rows(path: str, row_bytes: int, what: str) -> int:
     return size // row_bytes
 
 
+def _expected_rows(spec: FeatureSpec, mapping: str):
+    rows = spec.metadata.get("rows") if isinstance(spec.metadata, dict) else None
+    if isinstance(rows, dict) and isinstance(rows.get(mapping), int) \
+            and not isinstance(rows.get(mapping), bool):
+        return rows[mapping]
+    return None
+
+
 def check_mapping_files(spec: FeatureSpec, mapping: str) -> int:
-    """Size-check every file of a mapping against the spec and each other; return row count."""
+    """Size-check every file of a mapping against the spec and each other; return row count.
+
+    The expected row count is metadata.rows[mapping] when the spec records it (the writer
+    does), otherwise the count most files agree on (ties go to the larger count, since a
+    damaged file is usually a short one). Every file off that count is named."""
     if mapping not in spec.source_spec:
         raise DatasetError(f"mapping '{mapping}' not in the feature spec "
                            f"(has {spec.mappings})")
     files = spec.feature_files(mapping)
-    counts = {}
+    counts, row_bytes = {}, {}
     numerical = spec.numerical_features
     if numerical:
-        row_bytes = spec.dtype(numerical[0]).itemsize * len(numerical)
-        counts[files["numerical"]] = _check_file_rows(files["numerical"], row_bytes,
-                                                      f"{mapping} numerical features")
+        row_bytes[files["numerical"]] = spec.dtype(numerical[0]).itemsize * len(numerical)
+        counts[files["numerical"]] = _check_file_rows(
+            files["numerical"], row_bytes[files["numerical"]], f"{mapping} numerical features")
     label = spec.label_feature
-    counts[files["label"]] = _check_file_rows(files["label"], spec.dtype(label).itemsize,
+    row_bytes[files["label"]] = spec.dtype(label).itemsize
+    counts[files["label"]] = _check_file_rows(files["label"], row_bytes[files["label"]],
                                               f"{mapping} label '{label}'")
     for name, path in zip(spec.categorical_features, files["categorical"]):
-        counts[path] = _check_file_rows(path, spec.dtype(name).itemsize,
+        row_bytes[path] = spec.dtype(name).itemsize
+        counts[path] = _check_file_rows(path, row_bytes[path],
                                         f"{mapping} categorical feature '{name}'")
-    distinct = sorted(set(counts.values()))
-    if len(distinct) > 1:
-        majority = max(distinct, key=list(counts.values()).count)
-        odd = [f"{os.path.relpath(p, spec.base_directory)} ({n} rows)"
-               for p, n in counts.items() if n != majority]
-        raise DatasetError(f"mapping '{mapping}': files disagree on the row count; most have "
-                           f"{majority} rows, but {', '.join(odd)} (truncated file?)")
-    return distinct[0]
+    expected = _expected_rows(spec, mapping)
+    if expected is None:
+        values = list(counts.values())
+        expected = max(set(values), key=lambda n: (values.count(n), n))
+        source = "most files have"
+    else:
+        source = "the feature spec's metadata says"
+    odd = [f"{p} ({n} rows = {n * row_bytes[p]} bytes, expected {expected * row_bytes[p]})"
+           for p, n in counts.items() if n != expected]
+    if odd:
+        raise DatasetError(f"mapping '{mapping}': {source} {expected} rows, but "
+                           f"{'; '.join(odd)} (truncated or extra data?)")
+    return expected
 
 
 class SplitBinaryReader(BatchSource):
-    """Reads batches of one mapping of a split-binary dataset with positioned reads."""
+    """Reads batches of one mapping of a split-binary dataset with positioned reads.
+
+    Every file is size-checked against the spec when the reader is made (DatasetError names
+    a truncated or missing file). get(i) reads batch i of the file order with one positioned
+    read per file: the rank's slice of the numerical block and of the labels, and the whole
+    global batch of each categorical feature in categorical_indices (default: all).
+    """
 
     def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, drop_last: bool = False,
-                 rank: int = 0, world_size: int = 1, categorical_indices=None):
+                 rank: int = 0, world_size: int = 1, categorical_indices=None,
+                 shuffle: bool = False, seed: int = 0):
         spec.validate()
         num_rows = check_mapping_files(spec, mapping)
-        super().__init__(batch_size, num_rows, drop_last, rank, world_size)
+        super().__init__(batch_size, num_rows, drop_last, rank, world_size, shuffle, seed)
         self.spec, self.mapping = spec, mapping
         files = spec.feature_files(mapping)
         names = spec.categorical_features
         self.categorical_indices = (list(range(len(names))) if categorical_indices is None
-                                    else list(categorical_indices))
+                                    else [int(i) for i in categorical_indices])
+        bad = [i for i in self.categorical_indices if not 0 <= i < len(names)]
+        if bad:
+            raise ValueError(f"categorical_indices {bad} outside 0..{len(names) - 1}")
         numerical = spec.numerical_features
         self._num_width = len(numerical)
         self._num_dtype = spec.dtype(numerical[0]) if numerical else np.dtype("float16")
         self._label_dtype = spec.dtype(spec.label_feature)
         self._cat_dtypes = [spec.dtype(names[i]) for i in self.categorical_indices]
-        self._fds = []
+        self._fds, self._paths = [], {}
         self._num_fd = self._open(files["numerical"]) if numerical else None
         self._label_fd = self._open(files["label"])
         self._cat_fds = [self._open(files["categorical"][i]) for i in self.categorical_indices]
@@ -125,37 +169,49 @@ class SplitBinaryReader(BatchSource):
     def _open(self, path):
         fd = os.open(path, os.O_RDONLY)
         self._fds.append(fd)
+        self._paths[fd] = path
         return fd
 
-    @staticmethod
-    def _pread(fd, dtype, first_row: int, rows: int, width: int = 1) -> np.ndarray:
-        out = np.empty((rows, width) if width > 1 else rows, dtype=dtype)
-        view = memoryview(out).cast("B")
-        offset, got = first_row * dtype.itemsize * width, 0
-        while got < len(view):
-            n = os.preadv(fd, [view[got:]], offset + got)
-            if n == 0:
-                raise DatasetError(f"unexpected end of file (fd {fd}) at byte {offset + got}")
-            got += n
-        return out
+    def _pread_into(self, fd, out: np.ndarray, offset: int) -> None:
+        nbytes = out.nbytes
+        if nbytes == 0:
+            return
+        got = os.preadv(fd, [out], offset)
+        if got != nbytes:  # short read: rare for regular files; finish it or fail
+            view = memoryview(out).cast("B")
+            while got < nbytes:
+                n = os.preadv(fd, [view[got:]], offset + got)
+                if n == 0:
+                    raise DatasetError(f"{self._paths.get(fd, fd)}: unexpected end of file at "
+                                       f"byte {offset + got} (file truncated after the reader "
+                                       f"was opened?)")
+                got += n
 
     def get(self, index: int):
         start, stop = self.batch_rows(index)
         lo, hi = self.local_rows(index)
-        if self._num_fd is None:
-            numerical = np.zeros((hi - lo, 0), dtype=self._num_dtype)
-        else:
-            numerical = self._pread(self._num_fd, self._num_dtype, lo, hi - lo,
-                                    self._num_width).reshape(hi - lo, self._num_width)
-        label = self._pread(self._label_fd, self._label_dtype, lo, hi - lo)
-        categorical = [self._pread(fd, dt, start, stop - start)
-                       for fd, dt in zip(self._cat_fds, self._cat_dtypes)]
+        numerical = np.empty((hi - lo, self._num_width), dtype=self._num_dtype)
+        label = np.empty(hi - lo, dtype=self._label_dtype)
+        categorical = [np.empty(stop - start, dtype=dt) for dt in self._cat_dtypes]
+        if self._num_fd is not None:
+            self._pread_into(self._num_fd, numerical,
+                             lo * self._num_width * self._num_dtype.itemsize)
+        self._pread_into(self._label_fd, label, lo * self._label_dtype.itemsize)
+        for fd, dt, out in zip(self._cat_fds, self._cat_dtypes, categorical):
+            self._pread_into(fd, out, start * dt.itemsize)
         return numerical, categorical, label
 
     def close(self):
         for fd in self._fds:
             os.close(fd)
-        self._fds = []
+        self._fds, self._paths = [], {}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
 
     def __del__(self):
         try:
@@ -234,21 +290,38 @@ class SplitBinaryWriter:
 
     Everything goes to a temporary sibling directory that is renamed into place by close(),
     so a crash never leaves a half dataset, and an existing non-empty output is refused
-    unless overwrite=True (then it is replaced only once the new one is complete).
+    unless overwrite=True (then it is replaced only once the new one is complete). Used as a
+    context manager, an exception inside the block removes the temporary directory; so does
+    abort(). Each write() checks all its arrays before writing any byte, so a rejected write
+    leaves the files as they were.
     """
 
     def __init__(self, output_dir: str, spec: FeatureSpec, overwrite: bool = False):
         self.output_dir = os.path.abspath(output_dir)
-        if os.path.exists(self.output_dir) and os.listdir(self.output_dir) and not overwrite:
-            raise DatasetError(f"output {self.output_dir} exists and is not empty; refusing to "
-                               f"write into it (pass overwrite to replace it)")
+        if os.path.exists(self.output_dir):
+            if not os.path.isdir(self.output_dir):
+                raise DatasetError(f"output {self.output_dir} exists and is not a directory")
+            if os.listdir(self.output_dir) and not overwrite:
+                raise DatasetError(f"output {self.output_dir} exists and is not empty; "
+                                   f"refusing to write into it (pass overwrite to replace it)")
+        spec = spec.copy()
+        spec.validate()
+        for mapping in spec.mappings:
+            for chunk in spec.source_spec[mapping]:
+                rel = chunk["files"][0]
+                if os.path.isabs(rel) or os.path.normpath(rel).split(os.sep)[0] == "..":
+                    raise DatasetError(f"mapping '{mapping}': file '{rel}' would be written "
+                                       f"outside the output directory; use relative paths")
         parent = os.path.dirname(self.output_dir)
         os.makedirs(parent, exist_ok=True)
-        self.tmp_dir = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output_dir)}.tmp-")
-        self.spec = spec.copy()
+        self.tmp_dir = tempfile.mkdtemp(dir=parent,
+                                        prefix=f".{os.path.basename(self.output_dir)}.tmp-")
+        self.spec = spec
         self.spec.base_directory = self.tmp_dir
+        self.spec.metadata.pop("rows", None)
         self.rows = {}
         self._files = {}
+        self._done = False
 
     def _file(self, path):
         if path not in self._files:
@@ -256,54 +329,74 @@ class SplitBinaryWriter:
             self._files[path] = open(path, "wb")
         return self._files[path]
 
-    def write(self, mapping: str, numerical, categorical, label) -> None:
-        """Append rows to a mapping. categorical: one [N] array per categorical feature."""
+    def _prepare(self, mapping, numerical, categorical, label) -> tuple:
+        """Check one write's arrays; return (rows, [(path, array)]) ready to append."""
         spec = self.spec
         if mapping not in spec.source_spec:
             raise DatasetError(f"mapping '{mapping}' not in the writer's spec ({spec.mappings})")
         files = spec.feature_files(mapping)
         label = np.asarray(label)
+        if label.ndim != 1:
+            raise DatasetError(f"label '{spec.label_feature}' has shape {label.shape}, "
+                               f"expected (rows,)")
         n = label.shape[0]
         names = spec.categorical_features
         if len(categorical) != len(names):
             raise DatasetError(f"expected {len(names)} categorical arrays, found "
                                f"{len(categorical)}")
+        out = []
         numerical_names = spec.numerical_features
         if numerical_names:
             numerical = np.asarray(numerical)
             if numerical.shape != (n, len(numerical_names)):
                 raise DatasetError(f"numerical block has shape {numerical.shape}, expected "
                                    f"({n}, {len(numerical_names)})")
-            numerical = numerical.astype(spec.dtype(numerical_names[0]), copy=False)
-            self._file(files["numerical"]).write(np.ascontiguousarray(numerical).tobytes())
-        self._file(files["label"]).write(label.astype(spec.dtype(spec.label_feature)).tobytes())
+            numerical = np.ascontiguousarray(numerical, dtype=spec.dtype(numerical_names[0]))
+            out.append((files["numerical"], numerical))
+        out.append((files["label"], np.ascontiguousarray(label,
+                                                         dtype=spec.dtype(spec.label_feature))))
         for name, path, values in zip(names, files["categorical"], categorical):
             values = np.asarray(values)
             if values.shape != (n,):
                 raise DatasetError(f"categorical feature '{name}' has shape {values.shape}, "
                                    f"expected ({n},)")
-            card = spec.feature_spec[name].get("cardinality")
-            if isinstance(card, int) and n and (values.min() < 0 or values.max() >= card):
+            if n and values.dtype.kind not in "iu":
+                raise DatasetError(f"categorical feature '{name}': ids must be integers, "
+                                   f"found dtype {values.dtype}")
+            card = int(spec.feature_spec[name]["cardinality"])
+            if n and (values.min() < 0 or values.max() >= card):
                 raise DatasetError(f"categorical feature '{name}': ids must lie in "
                                    f"[0, {card}), found [{values.min()}, {values.max()}]")
-            self._file(path).write(values.astype(spec.dtype(name)).tobytes())
+            out.append((path, np.ascontiguousarray(values, dtype=spec.dtype(name))))
+        return n, out
+
+    def write(self, mapping: str, numerical, categorical, label) -> None:
+        """Append rows to a mapping. categorical: one [N] array per categorical feature."""
+        if self._done:
+            raise DatasetError("write() after close() or abort()")
+        n, blocks = self._prepare(mapping, numerical, categorical, label)
+        for path, array in blocks:
+            f = self._file(path)
+            if array.size:
+                f.write(array.reshape(-1).view(np.uint8))
         self.rows[mapping] = self.rows.get(mapping, 0) + n
 
     def close(self) -> FeatureSpec:
-        for f in self._files.values():
-            f.close()
-        self._files = {}
-        self.spec.metadata = dict(self.spec.metadata, rows={m: self.rows.get(m, 0)
-                                                            for m in self.spec.mappings})
+        if self._done:
+            raise DatasetError("close() called twice, or after abort()")
         try:
-            self.spec.validate()
-            for mapping in self.spec.mappings:
-                if self.rows.get(mapping, 0):
-                    check_mapping_files(self.spec, mapping)
-                else:  # an empty mapping still gets its (empty) files
-                    for chunk in self.spec.source_spec[mapping]:
-                        self._file(self.spec.chunk_path(chunk)).close()
+            for f in self._files.values():
+                f.close()
             self._files = {}
+            self.spec.metadata = dict(self.spec.metadata,
+                                      rows={m: self.rows.get(m, 0) for m in self.spec.mappings})
+            for mapping in self.spec.mappings:  # an empty mapping still gets its (empty) files
+                for chunk in self.spec.source_spec[mapping]:
+                    path = self.spec.chunk_path(chunk)
+                    if not os.path.exists(path):
+                        self._file(path).close()
+                self._files = {}
+                check_mapping_files(self.spec, mapping)
             self.spec.to_yaml(os.path.join(self.tmp_dir, "feature_spec.yaml"))
         except BaseException:
             self.abort()
@@ -315,6 +408,7 @@ class SplitBinaryWriter:
             shutil.rmtree(old)
         else:
             os.rename(self.tmp_dir, self.output_dir)
+        self._done = True
         self.spec.base_directory = self.output_dir
         return self.spec
 
@@ -322,6 +416,7 @@ class SplitBinaryWriter:
         for f in self._files.values():
             f.close()
         self._files = {}
+        self._done = True
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
     def __enter__(self):
@@ -333,6 +428,13 @@ class SplitBinaryWriter:
         else:
             self.abort()
         return False
+
+    def __del__(self):  # dropped without close(): never leave the temp dir behind
+        try:
+            if not self._done:
+                self.abort()
+        except Exception:
+            pass
 
 
 def open_dataset(dataset_path: str, feature_spec: str = "feature_spec.yaml") -> FeatureSpec:

@@ -39,15 +39,19 @@ DEFAULT_FILENAME = "feature_spec.yaml"
 
 # Cardinalities of the 26 categorical features of the Criteo 1TB click logs after
 # preprocessing with frequency thresholds 15, 3 and 0 (values seen fewer times than the
-# threshold share one id), as published for NVIDIA's DLRM_and_DCNv2 TensorFlow 2 example.
+# threshold share one id), in the feature order NVIDIA's DLRM_and_DCNv2 TensorFlow 2 example
+# uses for its synthetic variants criteo_t15/t3/t0_synthetic (checked against the `variants`
+# table of TensorFlow2/Recommendation/DLRM_and_DCNv2/dataloading/generate_feature_spec.py in
+# NVIDIA/DeepLearningExamples, commit d53419f). Their t3 and t0 lists are not in the t15
+# (C1..C26) order; they are kept exactly as published so that the shapes match.
 CRITEO_CARDINALITIES = {
     15: [7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469, 245828, 11,
          2209, 10667, 104, 4, 968, 15, 8165896, 2675940, 7156453, 302516, 12022, 97, 35],
-    3: [45833188, 36747, 17245, 7413, 20243, 4, 7114, 1441, 63, 29275261, 1572176, 345138, 11,
-        2209, 11267, 128, 4, 975, 15, 48937457, 11316796, 40094537, 452104, 12606, 104, 35],
-    0: [227605432, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 130229467, 3067956, 405282,
-        10, 2209, 11938, 155, 4, 976, 14, 292775614, 40790948, 187188510, 590152, 12973, 108,
-        36],
+    3: [45833188, 36747, 1572176, 345139, 11, 2209, 11268, 128, 4, 975, 15, 48937457, 17246,
+        11316796, 40094537, 452104, 12607, 105, 36, 7414, 20244, 4, 7115, 1442, 63, 29275261],
+    0: [227605432, 39061, 3067956, 405283, 11, 2209, 11939, 155, 4, 977, 15, 292775614, 17296,
+        40790948, 187188510, 590152, 12974, 109, 37, 7425, 20266, 4, 7123, 1544, 64,
+        130229467],
 }
 CRITEO_NUM_NUMERICAL = 13
 CRITEO_VARIANTS = {f"criteo_t{t}_synthetic": t for t in CRITEO_CARDINALITIES}
@@ -79,6 +83,29 @@ def atomic_write_text(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _plain(value):
+    """Numpy scalars and tuples inside a spec -> plain Python values that yaml.safe_dump takes."""
+    if isinstance(value, dict):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.dtype):
+        return str(value)
+    return value
+
+
+def _dtype_name(value):
+    """Canonical numpy name of a dtype given in a spec, or None if it is not a dtype."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        return str(np.dtype(value))
+    except (TypeError, ValueError):
+        return None
 
 
 @dataclass
@@ -116,7 +143,7 @@ class FeatureSpec:
                 "metadata": copy.deepcopy(self.metadata)}
 
     def to_yaml(self, path: str) -> None:
-        atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+        atomic_write_text(path, yaml.safe_dump(_plain(self.to_dict()), sort_keys=False))
 
     def copy(self) -> "FeatureSpec":
         return FeatureSpec(**self.to_dict(), base_directory=self.base_directory)
@@ -167,17 +194,21 @@ class FeatureSpec:
         if not isinstance(fs, dict) or not fs:
             raise FeatureSpecError("feature_spec: expected a non-empty mapping of feature names")
         for name, props in fs.items():
+            if not isinstance(name, str) or not name:
+                raise FeatureSpecError(f"feature_spec: feature names must be non-empty strings, "
+                                       f"found {name!r}")
             if not isinstance(props, dict) or "dtype" not in props:
                 raise FeatureSpecError(f"feature_spec: feature '{name}' needs a dtype")
-            try:
-                np.dtype(props["dtype"])
-            except TypeError:
+            if _dtype_name(props["dtype"]) is None:
                 raise FeatureSpecError(f"feature_spec: feature '{name}' has unknown dtype "
-                                       f"'{props['dtype']}'") from None
+                                       f"{props['dtype']!r}")
+        if not isinstance(self.metadata, dict):
+            raise FeatureSpecError(f"metadata: expected a mapping, found "
+                                   f"{type(self.metadata).__name__}")
 
         if not isinstance(cs, dict) or set(cs) != set(CHANNELS):
             found = sorted(cs) if isinstance(cs, dict) else cs
-            raise FeatureSpecError(f"channel_spec: expected exactly the channels "
+            raise FeatureSpecError("channel_spec: expected exactly the channels "
                                    f"{list(CHANNELS)}, found {found}")
         seen_in_channels = {}
         for channel in CHANNELS:
@@ -185,6 +216,9 @@ class FeatureSpec:
             if not isinstance(names, list):
                 raise FeatureSpecError(f"channel_spec: channel '{channel}' must be a list")
             for name in names:
+                if not isinstance(name, str):
+                    raise FeatureSpecError(f"channel_spec: channel '{channel}' lists {name!r}; "
+                                           f"expected feature names")
                 if name in seen_in_channels:
                     raise FeatureSpecError(f"channel_spec: feature '{name}' appears twice "
                                            f"(in '{seen_in_channels[name]}' and '{channel}')")
@@ -194,32 +228,38 @@ class FeatureSpec:
                                            f"'{channel}' is not described in feature_spec")
         if len(cs[LABEL_CHANNEL] or []) != 1:
             raise FeatureSpecError(f"channel_spec: channel 'label' must hold exactly one "
-                                   f"feature, found {len(cs[LABEL_CHANNEL] or [])}")
+                                   f"feature, found {len(cs[LABEL_CHANNEL] or [])}: "
+                                   f"{cs[LABEL_CHANNEL] or []}")
         if not cs[CATEGORICAL_CHANNEL] and not cs[NUMERICAL_CHANNEL]:
             raise FeatureSpecError("channel_spec: no categorical and no numerical features")
 
         for name in cs[CATEGORICAL_CHANNEL] or []:
             props = fs[name]
-            if str(np.dtype(props["dtype"])) not in CATEGORICAL_DTYPES:
+            if _dtype_name(props["dtype"]) not in CATEGORICAL_DTYPES:
                 raise FeatureSpecError(f"feature '{name}': categorical dtype must be one of "
                                        f"{list(CATEGORICAL_DTYPES)}, found '{props['dtype']}'")
             card = props.get("cardinality")
-            if isinstance(card, bool) or not isinstance(card, int) or card < 1:
+            if isinstance(card, (bool, np.bool_)) or not isinstance(card, (int, np.integer)) \
+                    or card < 1:
                 raise FeatureSpecError(f"feature '{name}': cardinality must be a positive "
                                        f"integer, found {card!r}")
-            if card - 1 > np.iinfo(props["dtype"]).max:
+            if int(card) - 1 > np.iinfo(_dtype_name(props["dtype"])).max:
                 raise FeatureSpecError(f"feature '{name}': cardinality {card} does not fit "
                                        f"dtype {props['dtype']}")
         for name in cs[NUMERICAL_CHANNEL] or []:
-            if str(np.dtype(fs[name]["dtype"])) not in NUMERICAL_DTYPES:
+            if _dtype_name(fs[name]["dtype"]) not in NUMERICAL_DTYPES:
                 raise FeatureSpecError(f"feature '{name}': numerical dtype must be one of "
                                        f"{list(NUMERICAL_DTYPES)}, found '{fs[name]['dtype']}'")
-        numerical_dtypes = {str(np.dtype(fs[n]["dtype"])) for n in cs[NUMERICAL_CHANNEL] or []}
+        numerical = cs[NUMERICAL_CHANNEL] or []
+        numerical_dtypes = {_dtype_name(fs[n]["dtype"]) for n in numerical}
         if len(numerical_dtypes) > 1:
+            first = _dtype_name(fs[numerical[0]]["dtype"])
+            odd = [n for n in numerical if _dtype_name(fs[n]["dtype"]) != first]
             raise FeatureSpecError(f"numerical features must share one dtype, found "
-                                   f"{sorted(numerical_dtypes)}")
+                                   f"{sorted(numerical_dtypes)}: '{numerical[0]}' is {first} "
+                                   f"but {odd} are not")
         label = cs[LABEL_CHANNEL][0]
-        if str(np.dtype(fs[label]["dtype"])) not in LABEL_DTYPES:
+        if _dtype_name(fs[label]["dtype"]) not in LABEL_DTYPES:
             raise FeatureSpecError(f"feature '{label}': label dtype must be one of "
                                    f"{list(LABEL_DTYPES)}, found '{fs[label]['dtype']}'")
 
@@ -242,9 +282,13 @@ class FeatureSpec:
         if not isinstance(chunks, list) or not chunks:
             raise FeatureSpecError(f"source_spec: mapping '{mapping}' must be a non-empty "
                                    f"list of chunks")
-        present = {}
+        present, file_owner = {}, {}
         for index, chunk in enumerate(chunks):
             where = f"source_spec: mapping '{mapping}' chunk {index}"
+            if isinstance(chunk, dict) and isinstance(chunk.get("files"), list) \
+                    and len(chunk["files"]) == 1 and isinstance(chunk["files"][0], str) \
+                    and chunk["files"][0]:
+                where += f" ({chunk['files'][0]})"
             if not isinstance(chunk, dict):
                 raise FeatureSpecError(f"{where}: expected a mapping with type, features, files")
             if chunk.get("type") != SPLIT_BINARY:
@@ -253,9 +297,18 @@ class FeatureSpec:
             files, features = chunk.get("files"), chunk.get("features")
             if not isinstance(files, list) or len(files) != 1:
                 raise FeatureSpecError(f"{where}: exactly one file per chunk, found {files!r}")
+            if not isinstance(files[0], str) or not files[0].strip():
+                raise FeatureSpecError(f"{where}: file name must be a non-empty string, found "
+                                       f"{files[0]!r}")
+            if files[0] in file_owner:
+                raise FeatureSpecError(f"{where}: file '{files[0]}' is already used by chunk "
+                                       f"{file_owner[files[0]]} of mapping '{mapping}'")
+            file_owner[files[0]] = index
             if not isinstance(features, list) or not features:
                 raise FeatureSpecError(f"{where}: features must be a non-empty list")
             for name in features:
+                if not isinstance(name, str):
+                    raise FeatureSpecError(f"{where}: features must be names, found {name!r}")
                 if name in present:
                     raise FeatureSpecError(f"{where}: feature '{name}' appears twice in "
                                            f"mapping '{mapping}'")
@@ -268,8 +321,8 @@ class FeatureSpec:
                 stray = [n for n in features if self._channel_of(n) is None]
                 raise FeatureSpecError(f"{where}: feature(s) {stray} belong to no channel")
             if len(channels) > 1:
-                raise FeatureSpecError(f"{where}: mixes channels {sorted(channels)}; each "
-                                       f"chunk holds one channel")
+                raise FeatureSpecError(f"{where}: features {features} mix channels "
+                                       f"{sorted(channels)}; each chunk holds one channel")
             channel = channels.pop()
             if channel in (CATEGORICAL_CHANNEL, LABEL_CHANNEL) and len(features) != 1:
                 raise FeatureSpecError(f"{where}: a {channel} feature must be alone in its "
@@ -293,28 +346,45 @@ class FeatureSpec:
     # ---- generators ---------------------------------------------------------------------
     @classmethod
     def get_default(cls, num_numerical: int, cardinalities, mappings=REQUIRED_MAPPINGS,
-                    numerical_dtype: str = "float16", label_dtype: str = "bool") -> "FeatureSpec":
-        """The standard split-binary layout: <mapping>/numerical.bin, label.bin, cat_<i>.bin."""
-        numerical = [f"num_{i}" for i in range(num_numerical)]
-        categorical = [f"cat_{i}" for i in range(len(cardinalities))]
-        feature_spec = {name: {"dtype": numerical_dtype} for name in numerical}
-        for name, card in zip(categorical, cardinalities):
-            feature_spec[name] = {"dtype": narrowest_int_dtype(card), "cardinality": int(card)}
-        feature_spec["label"] = {"dtype": label_dtype}
+                    numerical_dtype: str = "float16", label_dtype: str = "bool",
+                    categorical_dtypes=None, numerical_names=None, categorical_names=None,
+                    label_name: str = "label") -> "FeatureSpec":
+        """The standard split-binary layout: <mapping>/numerical.bin, label.bin, cat_<i>.bin.
+
+        Feature names default to num_<i>, cat_<i> and label; categorical dtypes default to the
+        narrowest integer type holding each cardinality. File names depend only on the
+        position of a feature, so any feature name is safe."""
+        cardinalities = [int(c) for c in cardinalities]
+        numerical = (list(numerical_names) if numerical_names is not None
+                     else [f"num_{i}" for i in range(num_numerical)])
+        if len(numerical) != num_numerical:
+            raise FeatureSpecError(f"{len(numerical)} numerical names for {num_numerical} "
+                                   f"numerical features")
+        categorical = (list(categorical_names) if categorical_names is not None
+                       else [f"cat_{i}" for i in range(len(cardinalities))])
+        if len(categorical) != len(cardinalities):
+            raise FeatureSpecError(f"{len(categorical)} categorical names for "
+                                   f"{len(cardinalities)} cardinalities")
+        cat_dtypes = (list(categorical_dtypes) if categorical_dtypes is not None
+                      else [narrowest_int_dtype(c) for c in cardinalities])
+        feature_spec = {name: {"dtype": str(np.dtype(numerical_dtype))} for name in numerical}
+        for name, card, dtype in zip(categorical, cardinalities, cat_dtypes):
+            feature_spec[name] = {"dtype": str(np.dtype(dtype)), "cardinality": card}
+        feature_spec[label_name] = {"dtype": str(np.dtype(label_dtype))}
         source_spec = {}
         for mapping in mappings:
             chunks = []
             if numerical:
                 chunks.append({"type": SPLIT_BINARY, "features": list(numerical),
                                "files": [f"{mapping}/numerical.bin"]})
-            chunks.append({"type": SPLIT_BINARY, "features": ["label"],
+            chunks.append({"type": SPLIT_BINARY, "features": [label_name],
                            "files": [f"{mapping}/label.bin"]})
-            for name in categorical:
+            for i, name in enumerate(categorical):
                 chunks.append({"type": SPLIT_BINARY, "features": [name],
-                               "files": [f"{mapping}/{name}.bin"]})
+                               "files": [f"{mapping}/cat_{i}.bin"]})
             source_spec[mapping] = chunks
         channel_spec = {CATEGORICAL_CHANNEL: categorical, NUMERICAL_CHANNEL: numerical,
-                        LABEL_CHANNEL: ["label"]}
+                        LABEL_CHANNEL: [label_name]}
         return cls(feature_spec, source_spec, channel_spec, {})
 
     @classmethod

@@ -1,0 +1,132 @@
+#!/usr/bin/env python3
+"""Write random CSV data matching a feature spec, with a feature_spec.yaml describing it.
+
+    python gen_csv.py --feature_spec_in SPEC.yaml --output DIR --size 100000 [--seed 0]
+
+For every mapping of SPEC's source_spec, --size rows are written: each chunk's features as
+header-less comma-separated columns in chunk order, its rows split evenly over the chunk's
+files. Categorical columns hold uniform random ids in [0, cardinality) (cardinality `auto`
+uses --auto_cardinality), numerical columns random non-negative floats, and the label real
+0/1 values. DIR/feature_spec.yaml repeats SPEC with every chunk typed `csv` (a chunk of
+another type is renamed <file>.csv), ready for transcode.py. The output goes through a
+temporary directory; a non-empty DIR is refused unless --overwrite.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+
+import numpy as np
+import pandas as pd
+
+from datasets import DatasetError
+from feature_spec import DEFAULT_FILENAME, FeatureSpecError
+from transcode import AUTO, CSV, load_csv_spec
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--feature_spec_in", required=True,
+                   help="yaml describing the features, channels and file layout to imitate "
+                        "(csv or split_binary chunks)")
+    p.add_argument("--output", required=True,
+                   help="directory to write the CSV files and feature_spec.yaml into")
+    p.add_argument("--size", type=int, default=100_000,
+                   help="rows per mapping (default 100,000)")
+    p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    p.add_argument("--auto_cardinality", type=int, default=1000,
+                   help="id range used for categorical features whose cardinality is 'auto' "
+                        "(default 1000)")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --output")
+    return p.parse_args(argv)
+
+
+def _as_csv_spec(spec):
+    """Retype every chunk as csv; files of other chunk types get a .csv name."""
+    out = spec.copy()
+    for chunks in out.source_spec.values():
+        for chunk in chunks:
+            if chunk["type"] != CSV:
+                chunk["files"] = [os.path.splitext(f)[0] + ".csv" for f in chunk["files"]]
+                chunk["type"] = CSV
+    return out
+
+
+def _column(rng, spec, name, rows, auto_cardinality):
+    if name in spec.categorical_features:
+        card = (spec.feature_spec[name] or {}).get("cardinality", AUTO)
+        card = auto_cardinality if card == AUTO else int(card)
+        return rng.integers(0, card, rows)
+    if name == spec.label_feature:
+        return (rng.random(rows) < 0.3).astype(np.int64)
+    return rng.exponential(2.0, rows)
+
+
+def generate(spec_in: str, output: str, size: int, seed: int = 0,
+             auto_cardinality: int = 1000, overwrite: bool = False):
+    if size < 0:
+        raise DatasetError(f"--size must be >= 0, found {size}")
+    spec = load_csv_spec(spec_in, chunk_types=(CSV, "split_binary"))
+    spec = _as_csv_spec(spec)
+    output = os.path.abspath(output)
+    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)) \
+            and not overwrite:
+        raise DatasetError(f"output {output} exists and is not empty; refusing to write into "
+                           f"it (pass --overwrite to replace it)")
+    parent = os.path.dirname(output)
+    os.makedirs(parent, exist_ok=True)
+    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output)}.tmp-")
+    try:
+        rng = np.random.default_rng(seed)
+        for mapping, chunks in spec.source_spec.items():
+            columns = {}
+            for chunk in chunks:
+                for name in chunk["features"]:
+                    columns[name] = _column(rng, spec, name, size, auto_cardinality)
+            for chunk in chunks:
+                files = chunk["files"]
+                bounds = [size * i // len(files) for i in range(len(files) + 1)]
+                for f, lo, hi in zip(files, bounds[:-1], bounds[1:]):
+                    path = os.path.join(tmp, f)
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    frame = pd.DataFrame({i: columns[n][lo:hi]
+                                          for i, n in enumerate(chunk["features"])})
+                    frame.to_csv(path, header=False, index=False, float_format="%.4f")
+        spec.metadata = dict(spec.metadata, generated_by="gen_csv.py", seed=seed, size=size)
+        spec.to_yaml(os.path.join(tmp, DEFAULT_FILENAME))
+        if os.path.exists(output):
+            old = tmp + "-old"
+            os.rename(output, old)
+            os.rename(tmp, output)
+            if os.path.isdir(old):
+                shutil.rmtree(old)
+            else:
+                os.unlink(old)
+        else:
+            os.rename(tmp, output)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return spec
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        spec = generate(args.feature_spec_in, args.output, args.size, args.seed,
+                        args.auto_cardinality, args.overwrite)
+    except (FeatureSpecError, DatasetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    files = sum(len(c["files"]) for cs in spec.source_spec.values() for c in cs)
+    print(f"wrote {args.output}: {files} csv files, {args.size:,} rows per mapping "
+          f"({', '.join(spec.mappings)})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

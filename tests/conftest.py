@@ -1,0 +1,46 @@
+"""Shared test fixtures: the repository root on sys.path and a small dataset writer."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+
+def random_arrays(spec, rows: int, seed: int = 0) -> dict:
+    """Random (numerical, [categorical...], label) arrays of one mapping fitting `spec`,
+    with each categorical feature's extreme ids 0 and cardinality-1 present."""
+    rng = np.random.default_rng(seed)
+    numerical = rng.standard_normal((rows, len(spec.numerical_features)))
+    if spec.numerical_features:
+        numerical = numerical.astype(spec.dtype(spec.numerical_features[0]))
+    categorical = []
+    for name, card in zip(spec.categorical_features, spec.cardinalities):
+        ids = rng.integers(0, card, rows, dtype=np.int64)
+        ids[:2] = [0, card - 1][:rows]
+        categorical.append(ids.astype(spec.dtype(name)))
+    label = (rng.random(rows) < 0.4).astype(spec.dtype(spec.label_feature))
+    return {"numerical": numerical, "categorical": categorical, "label": label}
+
+
+@pytest.fixture
+def write_dataset(tmp_path):
+    """write_dataset(spec, rows={'train': n, 'test': m}, name='data', seed=0)
+    -> (FeatureSpec loaded from disk, {mapping: arrays})."""
+    from datasets import SplitBinaryWriter, open_dataset
+
+    def write(spec, rows, name="data", seed=0, pieces=3):
+        out, arrays = tmp_path / name, {}
+        with SplitBinaryWriter(str(out), spec) as writer:
+            for k, (mapping, n) in enumerate(rows.items()):
+                a = arrays[mapping] = random_arrays(spec, n, seed + k)
+                bounds = [n * i // pieces for i in range(pieces + 1)]  # several write() calls
+                for lo, hi in zip(bounds[:-1], bounds[1:]):
+                    writer.write(mapping, a["numerical"][lo:hi],
+                                 [c[lo:hi] for c in a["categorical"]], a["label"][lo:hi])
+        return open_dataset(str(out)), arrays
+
+    return write

@@ -1,0 +1,348 @@
+#!/usr/bin/env python3
+"""Convert a CSV dataset described by a feature spec into the split-binary format.
+
+    python transcode.py --input DIR --output OUT [--chunk_size 1000000] [--overwrite]
+
+DIR/feature_spec.yaml describes header-less CSV files (chunk type `csv`): each chunk lists
+its features in column order and its files in row order (rows 0..i-1 in the first file, the
+next rows in the next one, ...); a chunk may hold several features of any channels, and
+different chunks may split their rows over files differently. Channels are categorical,
+numerical and label; the mappings train and test are required, validation is optional.
+Categorical values must be integers in [0, cardinality); a cardinality of `auto` (or none)
+is inferred as the largest id in any mapping + 1. Labels must be 0 or 1. Dtypes in the input
+spec are optional: categorical features get the narrowest integer type holding their
+cardinality (or the given integer dtype if it fits), numerical features float16 (float32 if
+the spec says so), the label bool (int8 if the spec says so).
+
+OUT receives the default split-binary layout (<mapping>/numerical.bin, label.bin,
+cat_<i>.bin) and a generated feature_spec.yaml, written through a temporary directory so a
+failure leaves no half dataset. A non-empty OUT is refused unless --overwrite.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import yaml
+
+from datasets import DatasetError, SplitBinaryWriter
+from feature_spec import (CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES, CHANNELS, DEFAULT_FILENAME,
+                          KNOWN_MAPPINGS, LABEL_CHANNEL, LABEL_DTYPES, NUMERICAL_DTYPES,
+                          REQUIRED_MAPPINGS, FeatureSpec, FeatureSpecError,
+                          narrowest_int_dtype)
+
+CSV = "csv"
+AUTO = "auto"
+
+
+def _dtype_or_none(value, allowed):
+    try:
+        name = str(np.dtype(value))
+    except (TypeError, ValueError):
+        return None
+    return name if name in allowed else None
+
+
+def load_csv_spec(path: str, chunk_types=(CSV,)) -> FeatureSpec:
+    """Load and check a spec describing CSV files (one-line FeatureSpecError otherwise).
+
+    Unlike FeatureSpec.validate this allows several files per chunk, several features (of any
+    channel) per chunk, missing dtypes and cardinality `auto`."""
+    if not os.path.isfile(path):
+        raise FeatureSpecError(f"feature spec file not found: {path}")
+    with open(path) as f:
+        try:
+            raw = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise FeatureSpecError(f"{path}: not valid yaml ({e})".replace("\n", " ")) from None
+    if not isinstance(raw, dict):
+        raise FeatureSpecError(f"{path}: expected a mapping with sections feature_spec, "
+                               f"source_spec, channel_spec")
+    fs = raw.get("feature_spec") or {}
+    ss = raw.get("source_spec") or {}
+    cs = raw.get("channel_spec") or {}
+    if not isinstance(fs, dict) or not isinstance(ss, dict) or not isinstance(cs, dict):
+        raise FeatureSpecError(f"{path}: feature_spec, source_spec and channel_spec must be "
+                               f"mappings")
+    if set(cs) != set(CHANNELS):
+        raise FeatureSpecError(f"{path}: channel_spec: expected exactly the channels "
+                               f"{list(CHANNELS)}, found {sorted(cs)}")
+    channel_of = {}
+    for channel in CHANNELS:
+        for name in cs[channel] or []:
+            if name in channel_of:
+                raise FeatureSpecError(f"{path}: feature '{name}' appears in channels "
+                                       f"'{channel_of[name]}' and '{channel}'")
+            if name not in fs:
+                raise FeatureSpecError(f"{path}: feature '{name}' of channel '{channel}' is "
+                                       f"not described in feature_spec")
+            channel_of[name] = channel
+    if len(cs[LABEL_CHANNEL] or []) != 1:
+        raise FeatureSpecError(f"{path}: channel 'label' must hold exactly one feature, "
+                               f"found {cs[LABEL_CHANNEL]}")
+    for name in cs[CATEGORICAL_CHANNEL] or []:
+        card = (fs[name] or {}).get("cardinality", AUTO)
+        if card != AUTO and (isinstance(card, bool) or not isinstance(card, int) or card < 1):
+            raise FeatureSpecError(f"{path}: feature '{name}': cardinality must be a positive "
+                                   f"integer or 'auto', found {card!r}")
+    for mapping in REQUIRED_MAPPINGS:
+        if mapping not in ss:
+            raise FeatureSpecError(f"{path}: source_spec: mapping '{mapping}' is required, "
+                                   f"found {sorted(ss)}")
+    for mapping, chunks in ss.items():
+        if mapping not in KNOWN_MAPPINGS:
+            raise FeatureSpecError(f"{path}: source_spec: unknown mapping '{mapping}', expected "
+                                   f"some of {list(KNOWN_MAPPINGS)}")
+        if not isinstance(chunks, list) or not chunks:
+            raise FeatureSpecError(f"{path}: mapping '{mapping}' must be a non-empty list of "
+                                   f"chunks")
+        seen = set()
+        for index, chunk in enumerate(chunks):
+            where = f"{path}: mapping '{mapping}' chunk {index}"
+            if not isinstance(chunk, dict) or chunk.get("type") not in chunk_types:
+                found = chunk.get("type") if isinstance(chunk, dict) else chunk
+                raise FeatureSpecError(f"{where}: type must be one of {list(chunk_types)}, "
+                                       f"found {found!r}")
+            files, features = chunk.get("files"), chunk.get("features")
+            if not isinstance(files, list) or not files or \
+                    not all(isinstance(f, str) and f for f in files):
+                raise FeatureSpecError(f"{where}: files must be a non-empty list of names, "
+                                       f"found {files!r}")
+            if not isinstance(features, list) or not features:
+                raise FeatureSpecError(f"{where}: features must be a non-empty list")
+            for name in features:
+                if name not in channel_of:
+                    raise FeatureSpecError(f"{where}: feature {name!r} belongs to no channel")
+                if name in seen:
+                    raise FeatureSpecError(f"{where}: feature '{name}' appears twice in "
+                                           f"mapping '{mapping}'")
+                seen.add(name)
+        missing = [n for n in channel_of if n not in seen]
+        if missing:
+            raise FeatureSpecError(f"{path}: mapping '{mapping}' lacks feature(s) {missing}")
+    return FeatureSpec(feature_spec=fs, source_spec=ss, channel_spec=cs,
+                       metadata=raw.get("metadata") or {},
+                       base_directory=os.path.dirname(os.path.abspath(path)))
+
+
+class _ChunkRows:
+    """The rows of one CSV chunk, read across its files, handed out n at a time."""
+
+    def __init__(self, spec: FeatureSpec, chunk: dict, dtypes: dict, chunk_size: int,
+                 usecols=None):
+        self.features = list(chunk["features"])
+        self.paths = [os.path.join(spec.base_directory, f) for f in chunk["files"]]
+        self.dtypes, self.chunk_size = dtypes, chunk_size
+        self.usecols = usecols
+        self._frames = self._read()
+        self._pending, self._pending_rows = [], 0
+        self.exhausted = False
+
+    def _read(self):
+        for path in self.paths:
+            if not os.path.isfile(path):
+                raise DatasetError(f"csv file not found: {path}")
+            if os.path.getsize(path) == 0:
+                continue
+            with open(path) as f:
+                first = f.readline().rstrip("\r\n")
+            if len(first.split(",")) != len(self.features):
+                raise DatasetError(f"{path}: expected {len(self.features)} comma-separated "
+                                   f"columns {self.features}, found "
+                                   f"{len(first.split(','))} in the first line")
+            try:
+                reader = pd.read_csv(path, header=None, names=self.features,
+                                     usecols=self.usecols, dtype=self.dtypes, index_col=False,
+                                     chunksize=self.chunk_size, na_filter=True)
+                with reader:
+                    for frame in reader:
+                        yield path, frame
+            except (ValueError, TypeError, pd.errors.ParserError) as e:
+                msg = str(e).replace("\n", " ")
+                raise DatasetError(f"{path}: cannot read as {len(self.features)} columns "
+                                   f"{self.features} ({msg})") from None
+
+    def take(self, n: int):
+        """Up to n rows as {feature: array}; fewer only when the chunk's files are done."""
+        while self._pending_rows < n and not self.exhausted:
+            try:
+                path, frame = next(self._frames)
+            except StopIteration:
+                self.exhausted = True
+                break
+            bad = frame.columns[frame.isna().any()].tolist()
+            if bad:
+                raise DatasetError(f"{path}: missing or non-numeric values in column(s) {bad}")
+            self._pending.append(frame)
+            self._pending_rows += len(frame)
+        if not self._pending:
+            return {}, 0
+        frame = self._pending[0] if len(self._pending) == 1 else pd.concat(self._pending)
+        head, tail = frame.iloc[:n], frame.iloc[n:]
+        self._pending = [tail] if len(tail) else []
+        self._pending_rows = len(tail)
+        return {c: head[c].to_numpy() for c in head.columns}, len(head)
+
+
+def _files_of(spec: FeatureSpec, mapping: str, feature: str) -> str:
+    for chunk in spec.source_spec[mapping]:
+        if feature in chunk["features"]:
+            return ", ".join(chunk["files"])
+    return "?"
+
+
+def _column_dtypes(spec: FeatureSpec) -> dict:
+    dtypes = {n: "int64" for n in spec.categorical_features}
+    dtypes.update({n: "float64" for n in spec.numerical_features})
+    dtypes[spec.label_feature] = "float64"
+    return dtypes
+
+
+def _mapping_rows(spec: FeatureSpec, mapping: str, chunk_size: int, features=None):
+    """Yield {feature: array} blocks of up to chunk_size aligned rows of one mapping."""
+    dtypes = _column_dtypes(spec)
+    streams = []
+    for chunk in spec.source_spec[mapping]:
+        wanted = [f for f in chunk["features"] if features is None or f in features]
+        if not wanted:
+            continue
+        streams.append(_ChunkRows(spec, chunk, dtypes, chunk_size,
+                                  usecols=None if features is None else wanted))
+    while True:
+        block, counts = {}, []
+        for stream in streams:
+            columns, n = stream.take(chunk_size)
+            block.update(columns)
+            counts.append(n)
+        if len(set(counts)) > 1:
+            detail = "; ".join(
+                ", ".join(os.path.relpath(p, spec.base_directory) for p in stream.paths)
+                + f" -> {n}" for stream, n in zip(streams, counts))
+            raise DatasetError(f"mapping '{mapping}': chunks hold different numbers of rows "
+                               f"(rows in this block: {detail})")
+        if not counts or counts[0] == 0:
+            return
+        yield block, counts[0]
+
+
+def infer_cardinalities(spec: FeatureSpec, chunk_size: int) -> dict:
+    """Largest id + 1 over all mappings, for categorical features whose cardinality is auto."""
+    auto = [n for n in spec.categorical_features
+            if (spec.feature_spec[n] or {}).get("cardinality", AUTO) == AUTO]
+    if not auto:
+        return {}
+    largest = {n: -1 for n in auto}
+    for mapping in spec.mappings:
+        for block, _ in _mapping_rows(spec, mapping, chunk_size, features=set(auto)):
+            for n in auto:
+                largest[n] = max(largest[n], int(block[n].max()))
+    return {n: max(v + 1, 1) for n, v in largest.items()}
+
+
+def output_spec(spec: FeatureSpec, cardinalities: dict) -> FeatureSpec:
+    fs = spec.feature_spec
+    cards, cat_dtypes = [], []
+    for name in spec.categorical_features:
+        props = fs[name] or {}
+        card = cardinalities.get(name, props.get("cardinality"))
+        dtype = _dtype_or_none(props.get("dtype"), CATEGORICAL_DTYPES)
+        if dtype is None or card - 1 > np.iinfo(dtype).max:
+            dtype = narrowest_int_dtype(card)
+        cards.append(int(card))
+        cat_dtypes.append(dtype)
+    num_dtypes = {_dtype_or_none((fs[n] or {}).get("dtype"), NUMERICAL_DTYPES)
+                  for n in spec.numerical_features}
+    num_dtype = "float32" if num_dtypes == {"float32"} else "float16"
+    label_dtype = _dtype_or_none((fs[spec.label_feature] or {}).get("dtype"),
+                                 LABEL_DTYPES) or "bool"
+    mappings = [m for m in KNOWN_MAPPINGS if m in spec.source_spec]
+    out = FeatureSpec.get_default(len(spec.numerical_features), cards, mappings=mappings,
+                                  numerical_dtype=num_dtype, label_dtype=label_dtype,
+                                  categorical_dtypes=cat_dtypes,
+                                  numerical_names=spec.numerical_features,
+                                  categorical_names=spec.categorical_features,
+                                  label_name=spec.label_feature)
+    return out.validate()
+
+
+def transcode(input_dir: str, output_dir: str, chunk_size: int = 1_000_000,
+              overwrite: bool = False, feature_spec: str = DEFAULT_FILENAME,
+              quiet: bool = True) -> FeatureSpec:
+    if chunk_size < 1:
+        raise DatasetError(f"chunk_size must be positive, found {chunk_size}")
+    spec = load_csv_spec(os.path.join(input_dir, feature_spec))
+    t0 = time.perf_counter()
+    inferred = infer_cardinalities(spec, chunk_size)
+    if inferred and not quiet:
+        print(f"inferred cardinalities {inferred} ({time.perf_counter() - t0:.1f} s)",
+              flush=True)
+    out_spec = output_spec(spec, inferred)
+    label = spec.label_feature
+    with SplitBinaryWriter(output_dir, out_spec, overwrite=overwrite) as writer:
+        for mapping in out_spec.mappings:
+            rows = 0
+            for block, n in _mapping_rows(spec, mapping, chunk_size):
+                labels = block[label]
+                ok = np.isin(labels, (0, 1))
+                if not ok.all():
+                    first = int(np.argmin(ok))
+                    raise DatasetError(f"mapping '{mapping}' ({_files_of(spec, mapping, label)})"
+                                       f": label '{label}' must be 0 or 1, found "
+                                       f"{labels[first]:g} in row {rows + first} of the mapping")
+                numerical = (np.stack([block[f] for f in spec.numerical_features], axis=1)
+                             if spec.numerical_features else np.zeros((n, 0)))
+                try:
+                    writer.write(mapping, numerical,
+                                 [block[f] for f in spec.categorical_features], labels)
+                except DatasetError as e:
+                    culprit = next((f for f in spec.categorical_features if f"'{f}'" in str(e)),
+                                   None)
+                    where = f" ({_files_of(spec, mapping, culprit)})" if culprit else ""
+                    raise DatasetError(f"mapping '{mapping}'{where} rows {rows}..{rows + n - 1}"
+                                       f": {e}") from None
+                rows += n
+                if not quiet:
+                    print(f"{mapping}: {rows:,} rows", flush=True)
+    return writer.spec
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--input", required=True,
+                   help="directory holding the CSV files and the feature spec describing them")
+    p.add_argument("--output", required=True,
+                   help="output directory for the split-binary dataset (missing or empty "
+                        "unless --overwrite)")
+    p.add_argument("--chunk_size", type=int, default=1_000_000,
+                   help="rows read and written at a time; higher is faster but needs more "
+                        "memory (default 1,000,000)")
+    p.add_argument("--feature_spec", default=DEFAULT_FILENAME,
+                   help="spec file name inside --input (default feature_spec.yaml)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace a non-empty --output (only once the new data is complete)")
+    p.add_argument("--quiet", action="store_true", help="no progress lines")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        spec = transcode(args.input, args.output, args.chunk_size, args.overwrite,
+                         args.feature_spec, quiet=args.quiet)
+    except (FeatureSpecError, DatasetError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rows = spec.metadata.get("rows", {})
+    print(f"wrote {args.output}: " + ", ".join(f"{m} {n:,} rows" for m, n in rows.items()) +
+          f"; cardinalities {spec.cardinalities} ({time.perf_counter() - t0:.1f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
