@@ -1,0 +1,141 @@
+"""Hybrid-parallel training under horovodrun (Gloo, CPU, 2 processes) against 1 process with
+the same global batch: losses step by step, final tables, eval AUC, checkpoint cross-restore,
+uneven batches and a killed rank."""
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from dllog import read_log
+from embedding import make_plan
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+CARDINALITIES = "3000,2000,300,50,700"
+MODEL = ["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", CARDINALITIES,
+         "--synthetic_dataset_num_numerical_features", "5", "--embedding_dim", "16",
+         "--bottom_mlp_dims", "32,16", "--top_mlp_dims", "64,32,1", "--cpu", "--seed", "11",
+         "--synthetic_dataset_signal_strength", "3", "--valid_batch_size", "999",
+         "--synthetic_dataset_valid_batches", "3",
+         # table 0 (48k elements) and 1 (32k) are column-sliced, table 3 (800) is replicated
+         "--column_slice_threshold", "30000", "--data_parallel_threshold", "1000"]
+TRAIN = ["--batch_size", "512", "--synthetic_dataset_train_batches", "24", "--print_freq", "1",
+         "--warmup_steps", "4", "--decay_start_step", "12", "--decay_steps", "12"]
+
+pytestmark = pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="horovod not installed")
+
+
+def launch(np_, *args, timeout=600):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    if np_ == 1:
+        cmd = [sys.executable, "main.py", *args]
+    else:
+        cmd = [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
+               sys.executable, "main.py", *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def ok(proc):
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def losses(log):
+    return {r["step"][1]: r["data"]["loss"] for r in read_log(log)
+            if r["type"] == "LOG" and isinstance(r["step"], list) and r["step"]
+            and "loss" in r["data"]}
+
+
+def final(log):
+    return [r["data"] for r in read_log(log) if r["type"] == "LOG" and r["step"] == []][-1]
+
+
+def test_plan_slices_and_replicates_as_configured():
+    plan = make_plan([3000, 2000, 300, 50, 700], 16, 2, 30000, 1000)
+    assert plan.replicated == (3,)
+    assert sorted((p.table, p.col_start, p.col_stop) for p in plan.pieces) == [
+        (0, 0, 8), (0, 8, 16), (1, 0, 8), (1, 8, 16), (2, 0, 16), (4, 0, 16)]
+    assert {p.rank for p in plan.pieces_of(0)} == {0, 1}  # slices on different ranks
+    assert abs(plan.bytes_on(0) - plan.bytes_on(1)) <= 700 * 16 * 4
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """1- and 2-process trainings with SGD and Adam, each saving a checkpoint."""
+    base = tmp_path_factory.mktemp("hybrid")
+    out = {}
+    for optimizer, lr in (("sgd", "0.3"), ("adam", "0.01")):
+        for np_ in (1, 2):
+            d = base / f"{optimizer}{np_}"
+            d.mkdir()
+            ok(launch(np_, *MODEL, *TRAIN, "--optimizer", optimizer, "--learning_rate", lr,
+                      "--log_path", str(d / "log.json"), "--save_checkpoint_path",
+                      str(d / "ckpt")))
+            out[(optimizer, np_)] = d
+    return out
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_two_processes_match_one(runs, optimizer):
+    one, two = runs[(optimizer, 1)], runs[(optimizer, 2)]
+    l1, l2 = losses(one / "log.json"), losses(two / "log.json")
+    assert sorted(l1) == sorted(l2) == list(range(1, 25))
+    for step in l1:
+        assert abs(l1[step] - l2[step]) <= 1e-5, (step, l1[step], l2[step])
+    assert l1[24] < l1[1]  # it trained
+    for t in range(5):
+        np.testing.assert_allclose(np.load(two / "ckpt" / f"table_{t}.npy"),
+                                   np.load(one / "ckpt" / f"table_{t}.npy"), atol=1e-5)
+    assert abs(final(one / "log.json")["auc"] - final(two / "log.json")["auc"]) <= 1e-5
+    assert final(two / "log.json")["eval_samples"] == 3 * 999
+
+
+def test_checkpoints_cross_restore(runs, tmp_path):
+    for saved, restored in ((2, 1), (1, 2)):
+        source = runs[("sgd", saved)]
+        log = tmp_path / f"eval_{saved}_to_{restored}.json"
+        ok(launch(restored, *MODEL, "--mode", "eval", "--restore_checkpoint_path",
+                  str(source / "ckpt"), "--log_path", str(log)))
+        assert abs(final(log)["auc"] - final(source / "log.json")["auc"]) <= 1e-5
+
+
+def test_uneven_global_batch_is_rejected(tmp_path):
+    proc = launch(2, *MODEL, *TRAIN, "--batch_size", "511", "--log_path",
+                  str(tmp_path / "log.json"))
+    assert proc.returncode != 0
+    assert "--batch_size 511 is not divisible by the number of processes (2)" in \
+        proc.stdout + proc.stderr
+
+
+def test_killed_rank_ends_the_job(tmp_path):
+    log = tmp_path / "log.json"
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "main.py",
+           *MODEL, *TRAIN, "--synthetic_dataset_train_batches", "100000", "--log_path",
+           str(log)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 240
+        while time.time() < deadline and not (log.exists() and len(losses(log)) >= 3):
+            time.sleep(0.5)
+        assert log.exists() and len(losses(log)) >= 3, "training never started"
+        victim = next(p for p in psutil.Process(proc.pid).children(recursive=True)
+                      if "main.py" in " ".join(p.cmdline())
+                      and p.environ().get("HOROVOD_RANK") == "1")
+        victim.send_signal(signal.SIGKILL)
+        killed_at = time.time()
+        returncode = proc.wait(timeout=60)
+        assert returncode != 0
+        assert time.time() - killed_at < 60
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(tmp_path, ignore_errors=True)
