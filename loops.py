@@ -59,7 +59,7 @@ def train(trainer, train_pipe, eval_pipe, logger, position: dict, flags) -> dict
             break
         first = start_batch if epoch == start_epoch else 0
         batch_in_epoch = first
-        for batch in train_pipe.epoch(epoch, flags.shuffle_batch_order, flags.seed, first):
+        for batch in train_pipe.epoch(epoch, first):
             loss = trainer.train_step(batch, step)
             step += 1
             batch_in_epoch += 1

@@ -175,7 +175,7 @@ def pipeline(spec, plan, comm, training: bool):
     source = make_source(spec, plan, comm.rank, TRAIN_MAPPING if training else TEST_MAPPING,
                          batch, training, FLAGS.dataset_type, batches, FLAGS.seed,
                          FLAGS.synthetic_dataset_signal_strength,
-                         FLAGS.synthetic_dataset_power_law_alpha)
+                         FLAGS.synthetic_dataset_power_law_alpha, FLAGS.shuffle_batch_order)
     return BatchPipeline(source, spec.cardinalities)
 
 
