@@ -5,7 +5,8 @@ import os
 
 from embedding import Communicator
 
-LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE")
+# set by horovodrun (Gloo), mpirun (Open MPI / MPICH) and srun --mpi=pmix respectively
+LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 
 
 def launched_by_horovod() -> bool:

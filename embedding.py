@@ -145,20 +145,27 @@ class EmbeddingLayer(tf.Module):
     rows, one [b_local, dim] vector per table in table order ([b_local, T, dim])."""
 
     def __init__(self, plan: PlacementPlan, comm: Communicator = None, seed: int = 0,
-                 trainable: bool = True, name="embeddings"):
+                 trainable: bool = True, offload_threshold_bytes: int = 0, name="embeddings"):
+        """offload_threshold_bytes: tables (pieces) larger than this live in host memory
+        (matters on GPU machines only; 0 keeps every table on the default device)."""
         super().__init__(name=name)
         self.plan, self.comm = plan, comm or Communicator()
         self.local_pieces = plan.pieces_on(self.comm.rank)
         self.read_tables = plan.tables_read_by(self.comm.rank)
+
+        def variable(rows, table, c0, c1, name):
+            offload = offload_threshold_bytes and rows * (c1 - c0) * BYTES_PER_ELEMENT \
+                > offload_threshold_bytes
+            with tf.device("/CPU:0" if offload else None):
+                return tf.Variable(embedding_uniform(rows, plan.dim, seed, table, c0, c1),
+                                   trainable=trainable, name=name)
+
         with self.name_scope:
             self.piece_variables = [
-                tf.Variable(embedding_uniform(p.rows, plan.dim, seed, p.table, p.col_start,
-                                              p.col_stop),
-                            trainable=trainable, name=f"table_{p.table}_cols_{p.col_start}")
-                for p in self.local_pieces]
+                variable(p.rows, p.table, p.col_start, p.col_stop,
+                         f"table_{p.table}_cols_{p.col_start}") for p in self.local_pieces]
             self.replicated_variables = {
-                t: tf.Variable(embedding_uniform(plan.cardinalities[t], plan.dim, seed, t),
-                               trainable=trainable, name=f"table_{t}_replicated")
+                t: variable(plan.cardinalities[t], t, 0, plan.dim, f"table_{t}_replicated")
                 for t in plan.replicated}
 
     def all_variables(self):

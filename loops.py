@@ -42,6 +42,7 @@ def train(trainer, train_pipe, eval_pipe, logger, position: dict, flags) -> dict
     metrics, last_eval_step = {}, None
     interval_start, interval_steps, train_start = time.time(), 0, time.time()
     samples_per_step = flags.batch_size
+    bytes_sent = 0
 
     def save(epoch, batch_in_epoch):
         if flags.save_checkpoint_path:
@@ -69,8 +70,12 @@ def train(trainer, train_pipe, eval_pipe, logger, position: dict, flags) -> dict
                 throughput = interval_steps * samples_per_step / (now - interval_start)
                 eta = (total_steps - step) * samples_per_step / throughput
                 lr = trainer.schedule(step - 1)
-                logger.log((epoch, step), {"loss": loss, "learning_rate": lr,
-                                           "samples_per_second": throughput})
+                record = {"loss": loss, "learning_rate": lr, "samples_per_second": throughput}
+                if hasattr(trainer.comm, "alltoall_bytes_sent"):
+                    sent = trainer.comm.alltoall_bytes_sent()
+                    record["alltoall_bytes_per_step_rank0"] = (sent - bytes_sent) / interval_steps
+                    bytes_sent = sent
+                logger.log((epoch, step), record)
                 logger.print(f"step {step}/{total_steps}  epoch {epoch}  loss {loss:.5f}  "
                              f"lr {lr:.4g}  samples/s {throughput:,.0f}  "
                              f"ETA {format_seconds(eta)}")

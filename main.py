@@ -158,7 +158,8 @@ def build(comm, spec):
     plan = make_plan(config.cardinalities, config.embedding_dim, comm.size,
                      FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold)
     dot = select_dot_implementation(FLAGS.dot_interaction, FLAGS.cpu)
-    model = DLRM(config, plan, comm, dot)
+    model = DLRM(config, plan, comm, dot,
+                 offload_threshold_bytes=int(FLAGS.cpu_offloading_threshold_gb * 2**30))
     schedule = LearningRateSchedule(FLAGS.learning_rate, FLAGS.warmup_steps,
                                     FLAGS.decay_start_step, FLAGS.decay_steps)
     trainer = Trainer(model, FLAGS.optimizer, schedule, amp=FLAGS.amp,

@@ -77,7 +77,8 @@ class DLRM(tf.Module):
     """DLRM (dot interaction) or DCNv2 (cross interaction) for one rank of a placement plan."""
 
     def __init__(self, config: ModelConfig, plan: PlacementPlan, comm: Communicator = None,
-                 dot_implementation=dot_interact_tf, name="dlrm"):
+                 dot_implementation=dot_interact_tf, offload_threshold_bytes: int = 0,
+                 name="dlrm"):
         super().__init__(name=name)
         self.config = config.validate()
         self.plan = plan
@@ -89,7 +90,8 @@ class DLRM(tf.Module):
                                    config.seed, 100, "bottom_mlp")
                                if config.num_numerical else None)
             self.embeddings = EmbeddingLayer(plan, self.comm, config.seed,
-                                             config.embedding_trainable)
+                                             config.embedding_trainable,
+                                             offload_threshold_bytes)
             bottom_width = config.bottom_mlp_dims[-1] if config.num_numerical else 0
             if config.interaction == "dot":
                 self.interaction = DotInteraction(dot_implementation)

@@ -7,8 +7,14 @@ cd "$(dirname "$0")/.."
 VENV=.venv
 HOROVOD_VERSION=0.28.1
 TF_VERSION=$(sed -n 's/^tensorflow-cpu==//p' requirements.txt)
+# DLRM_DEVICE=gpu|cpu forces the flavour (e.g. in a docker build, where no GPU is visible).
 HAS_GPU=0
-if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then HAS_GPU=1; fi
+case "${DLRM_DEVICE:-auto}" in
+  gpu) HAS_GPU=1 ;;
+  cpu) HAS_GPU=0 ;;
+  auto) if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then HAS_GPU=1; fi ;;
+  *) echo "DLRM_DEVICE must be gpu, cpu or auto, found '$DLRM_DEVICE'" >&2; exit 2 ;;
+esac
 
 stamp_of() { cat requirements.txt tools/setup_env.sh | sha1sum | cut -c1-16; echo "gpu=$HAS_GPU"; }
 STAMP="$VENV/.setup-stamp"

@@ -1,0 +1,22 @@
+# Training image. CPU by default; for NVIDIA GPUs build with
+#   docker build --build-arg BASE=nvidia/cuda:12.3.2-cudnn9-devel-ubuntu22.04 \
+#                --build-arg DLRM_DEVICE=gpu -t dlrm-tf2:gpu .
+# (the GPU flavour installs tensorflow[and-cuda], builds horovod with NCCL and the CUDA
+# dot-interaction op).
+ARG BASE=python:3.11-bookworm
+FROM ${BASE}
+ARG DLRM_DEVICE=cpu
+ENV DEBIAN_FRONTEND=noninteractive
+RUN apt-get update && apt-get install -y --no-install-recommends \
+        g++ make cmake git openmpi-bin libopenmpi-dev default-jre-headless \
+        python3 python3-venv python3-dev \
+    && rm -rf /var/lib/apt/lists/*
+WORKDIR /workspace/dlrm
+# dependencies first, so code changes do not rebuild horovod
+COPY requirements.txt ./
+COPY tools/setup_env.sh tools/
+RUN DLRM_DEVICE=${DLRM_DEVICE} bash tools/setup_env.sh
+COPY . .
+RUN if [ "$DLRM_DEVICE" = gpu ]; then .venv/bin/python -m pip install --no-build-isolation ./tensorflow-dot-based-interact; fi
+ENV PATH=/workspace/dlrm/.venv/bin:$PATH
+CMD ["python", "main.py", "--help"]
