@@ -8,6 +8,9 @@ Dot interaction layout, for input X [B, R, C] (row 0 = bottom MLP output) and bo
 """
 from __future__ import annotations
 
+import os
+import sys
+
 import numpy as np
 import tensorflow as tf
 
@@ -43,12 +46,21 @@ def dot_interact_tf(interaction_input, bottom_mlp_output):
     return tf.concat(pieces, axis=1)
 
 
+CUDA_OP_SOURCE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                  "tensorflow-dot-based-interact")
+
+
 def _load_cuda_op():
-    """The custom CUDA op module, or (None, reason)."""
+    """The custom CUDA op module (installed, or built in the source tree), or (None, why)."""
     try:
         import tensorflow_dot_based_interact as cuda_interact
-    except ImportError as e:
-        return None, f"package tensorflow_dot_based_interact is not installed ({e})"
+    except ImportError:
+        if CUDA_OP_SOURCE_DIR not in sys.path:
+            sys.path.append(CUDA_OP_SOURCE_DIR)
+        try:
+            import tensorflow_dot_based_interact as cuda_interact
+        except ImportError as e:
+            return None, f"package tensorflow_dot_based_interact is not available ({e})"
     if cuda_interact.load_op() is None:
         return None, cuda_interact.load_error()
     return cuda_interact, None
