@@ -1,0 +1,1 @@
+"""Criteo preprocessing: raw click logs -> split-binary dataset (see preproc/README.md)."""
