@@ -7,11 +7,13 @@ Examples:
 """
 from __future__ import annotations
 
-import os
 import sys
-import time
 
-from absl import app, flags
+import runtime
+
+runtime.configure()  # before anything imports TensorFlow
+
+from absl import app, flags  # noqa: E402
 
 FLAGS = flags.FLAGS
 
@@ -246,5 +248,4 @@ def run():
 
 
 if __name__ == "__main__":
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     run()

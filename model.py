@@ -67,7 +67,9 @@ class MLP(tf.Module):
 
     def __call__(self, x, compute_dtype=tf.float32):
         for i, (kernel, bias) in enumerate(self.layers):
-            x = tf.matmul(x, tf.cast(kernel, compute_dtype)) + tf.cast(bias, compute_dtype)
+            # bias_add (not +) lets Grappler fuse MatMul+BiasAdd(+Relu) into one kernel
+            x = tf.nn.bias_add(tf.matmul(x, tf.cast(kernel, compute_dtype)),
+                               tf.cast(bias, compute_dtype))
             if self.relu_last or i < len(self.layers) - 1:
                 x = tf.nn.relu(x)
         return x

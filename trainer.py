@@ -57,10 +57,11 @@ class Trainer:
             losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits)
             # Sum over local rows / global rows: summed over ranks this is the global mean.
             loss = tf.reduce_sum(losses) / tf.cast(global_rows, tf.float32)
-            scaled = loss * self.loss_scale
+            scaled = loss * self.loss_scale if self.loss_scale != 1.0 else loss
         grads = tape.gradient(scaled, dense + [embedded])
-        inverse = 1.0 / self.loss_scale
-        return loss, [g * inverse for g in grads[:-1]], grads[-1] * inverse
+        if self.loss_scale != 1.0:
+            grads = [g / self.loss_scale for g in grads]
+        return loss, grads[:-1], grads[-1]
 
     def _train_step(self, numerical, categorical, label, global_rows, lr):
         local_rows = self._local_rows(global_rows)

@@ -2,37 +2,48 @@
 
 Shape: 26 tables x 100k rows x 128, bottom 13-512-256-128, top 480-1024-1024-512-256-1, SGD.
 The naive baseline uses keras.layers.Embedding, keras Dense layers and a tf.function step
-with keras' SGD optimizer. Both train on the same pre-generated synthetic batches, so the
-input pipeline is not measured.
+with keras' SGD optimizer, under TensorFlow's default settings; `naive_keras_onednn` is the
+same model with oneDNN forced on, to show how much of the gain is that setting alone.
+Every variant runs in its own process (its own TensorFlow settings, no shared memory) on
+the same pre-generated synthetic batches, so the input pipeline is not measured.
 
   .venv/bin/python bench/train_throughput.py [--batch_sizes 2048,16384] [--steps 20]
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import subprocess
 import sys
 import time
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+VARIANTS = ("ours", "ours_xla", "ours_amp_bf16", "naive_keras", "naive_keras_onednn")
 
-import numpy as np  # noqa: E402
-import tensorflow as tf  # noqa: E402
 
-from datasets import SyntheticSource  # noqa: E402
-from embedding import make_plan  # noqa: E402
-from feature_spec import FeatureSpec  # noqa: E402
-from interaction import dot_interact_tf  # noqa: E402
-from lr_scheduler import LearningRateSchedule  # noqa: E402
-from model import DLRM, ModelConfig  # noqa: E402
-from trainer import Trainer  # noqa: E402
+def configure_environment(variant: str) -> None:
+    """Settings for the worker process, before TensorFlow is imported."""
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    if variant.startswith("ours"):
+        import runtime
+        runtime.configure()  # what main.py runs with
+    elif variant == "naive_keras_onednn":
+        os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
+    else:
+        os.environ.pop("TF_ENABLE_ONEDNN_OPTS", None)  # TensorFlow's own default
+
 
 NUM_TABLES, ROWS, DIM, NUM_NUMERICAL = 26, 100_000, 128, 13
 BOTTOM, TOP = (512, 256, 128), (1024, 1024, 512, 256, 1)
 
 
 def batches(batch_size: int, count: int):
+    import numpy as np
+    import tensorflow as tf
+    from datasets import SyntheticSource
+    from feature_spec import FeatureSpec
     spec = FeatureSpec.get_default(NUM_NUMERICAL, [ROWS] * NUM_TABLES)
     source = SyntheticSource(spec, batch_size, count, seed=1, signal_strength=1.0)
     out = []
@@ -45,6 +56,10 @@ def batches(batch_size: int, count: int):
 
 
 def ours(xla: bool, amp: bool = False):
+    from embedding import make_plan
+    from lr_scheduler import LearningRateSchedule
+    from model import DLRM, ModelConfig
+    from trainer import Trainer
     config = ModelConfig(NUM_NUMERICAL, (ROWS,) * NUM_TABLES, DIM, BOTTOM, TOP)
     model = DLRM(config, make_plan(config.cardinalities, DIM))
     trainer = Trainer(model, "sgd", LearningRateSchedule(0.1, 0, 0, 0), amp=amp, xla=xla)
@@ -53,6 +68,8 @@ def ours(xla: bool, amp: bool = False):
 
 def naive_keras():
     import keras
+    import tensorflow as tf
+    from interaction import dot_interact_tf
     numerical_in = keras.Input((NUM_NUMERICAL,))
     categorical_in = [keras.Input((), dtype="int32") for _ in range(NUM_TABLES)]
     x = keras.layers.ZeroPadding1D((0, 3))(keras.layers.Reshape((NUM_NUMERICAL, 1))(numerical_in))
@@ -90,31 +107,49 @@ def measure(step_fn, data, steps: int, warmup: int = 3) -> float:
     return steps * int(data[0][0].shape[0]) / elapsed
 
 
+def worker(variant: str, batch_size: int, steps: int) -> float:
+    configure_environment(variant)
+    builders = {"ours": lambda: ours(False), "ours_xla": lambda: ours(True),
+                "ours_amp_bf16": lambda: ours(False, amp=True), "naive_keras": naive_keras,
+                "naive_keras_onednn": naive_keras}
+    return measure(builders[variant](), batches(batch_size, 4), steps)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch_sizes", default="2048,16384")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
-    parser.add_argument("--variants", default="ours,ours_xla,naive_keras")
+    parser.add_argument("--variants", default="ours,ours_xla,naive_keras,naive_keras_onednn",
+                        help=f"comma-separated, of {VARIANTS}")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    variants = {"ours": lambda: ours(False), "ours_xla": lambda: ours(True),
-                "ours_amp_bf16": lambda: ours(False, amp=True), "naive_keras": naive_keras}
+    if args.worker:
+        print(json.dumps(worker(args.worker, int(args.batch_sizes), args.steps)))
+        return
     chosen = args.variants.split(",")
+    unknown = set(chosen) - set(VARIANTS)
+    if unknown:
+        sys.exit(f"unknown variant(s) {sorted(unknown)}; choose from {VARIANTS}")
     results = {}
     for batch_size in (int(b) for b in args.batch_sizes.split(",")):
-        data = batches(batch_size, 4)
         for name in chosen:
-            step_fn = variants[name]()
-            results[(name, batch_size)] = measure(step_fn, data, args.steps)
-            print(f"  {name:14s} batch {batch_size:6d}: "
+            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", name,
+                                   "--batch_sizes", str(batch_size), "--steps",
+                                   str(args.steps)], capture_output=True, text=True)
+            if proc.returncode:
+                sys.exit(f"{name} at batch {batch_size} failed:\n{proc.stderr[-3000:]}")
+            results[(name, batch_size)] = json.loads(proc.stdout.strip().splitlines()[-1])
+            print(f"  {name:18s} batch {batch_size:6d}: "
                   f"{results[(name, batch_size)]:10,.0f} samples/s", flush=True)
-            del step_fn
-    print("\nbatch    " + "".join(f"{n:>15s}" for n in chosen) + "   best ours / naive")
+    print("\nbatch    " + "".join(f"{n:>19s}" for n in chosen)
+          + "   best ours / naive_keras")
     for batch_size in sorted({b for _, b in results}):
         row = [results[(n, batch_size)] for n in chosen]
-        ours_best = max(results[(n, batch_size)] for n in chosen if n.startswith("ours"))
-        ratio = ours_best / results[("naive_keras", batch_size)] if "naive_keras" in chosen \
-            else float("nan")
-        print(f"{batch_size:<9d}" + "".join(f"{v:15,.0f}" for v in row) + f"   {ratio:.2f}x")
+        ours_best = max((results[(n, batch_size)] for n in chosen if n.startswith("ours")),
+                        default=float("nan"))
+        naive = results.get(("naive_keras", batch_size), float("nan"))
+        print(f"{batch_size:<9d}" + "".join(f"{v:19,.0f}" for v in row)
+              + f"   {ours_best / naive:.2f}x")
 
 
 if __name__ == "__main__":

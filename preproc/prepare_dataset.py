@@ -321,7 +321,7 @@ def run(args, spark=None) -> dict:
         "test_validation_day": test_day,
         "frequency_threshold": args.frequency_threshold,
         "rare_id": RARE_ID,
-        "numerical_transform": "ln(1 + max(x, 0)); empty or non-integer -> x = 0",
+        "numerical_transform": "ln(max(x, 0) + 2); empty or non-integer -> x = 0",
         "raw_numerical": NUMERICAL_COLUMNS,
         "raw_categorical": CATEGORICAL_COLUMNS,
         "lines": total_lines,

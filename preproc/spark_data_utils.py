@@ -10,8 +10,9 @@ Rules (also in preproc/README.md):
   fields, or whose label is not 0 or 1, is malformed: it is dropped and counted, but it still
   counts as a line for the positions used by the test/validation split.
 * Numerical feature: a field that is an integer (optional sign, digits) is read as a number x;
-  an empty or non-integer field counts as x = 0. The stored value is ln(1 + max(x, 0)), which
-  is finite and >= 0 for every input (x is also capped at 1e300).
+  an empty or non-integer field counts as x = 0. The stored value is ln(max(x, 0) + 2) (the
+  seed's "add 2, natural log" after clamping negatives to 0), which is finite and >= ln 2 for
+  every input (x is also capped at 1e300).
 * Categorical feature: the raw string; an empty field is the value "" and is treated like any
   other value (it gets its own id when it is frequent enough). Per feature, counting only the
   training days, a value seen at least T times (T = frequency threshold; T <= 1 keeps every
@@ -56,10 +57,11 @@ class PreprocError(RuntimeError):
 
 # ---- stage 1: parse ---------------------------------------------------------------------
 def numerical_transform(field):
-    """Column expression: raw text field -> ln(1 + max(x, 0)) as float, 0 for empty/garbage."""
+    """Column expression: raw text field -> ln(max(x, 0) + 2) as float (x = 0 for
+    empty/garbage)."""
     x = F.when(field.rlike(INTEGER_PATTERN), field.cast("double")).otherwise(F.lit(0.0))
     x = F.least(F.greatest(x, F.lit(0.0)), F.lit(MAX_COUNT_VALUE))
-    return F.log1p(x).cast("float")
+    return F.log(x + F.lit(2.0)).cast("float")
 
 
 def parse_days(spark: SparkSession, day_paths: list) -> DataFrame:

@@ -91,7 +91,7 @@ def reference(days, threshold):
         ints = df[[f"I{i}" for i in range(1, 14)]].apply(
             lambda col: pd.to_numeric(col.where(col.str.fullmatch(r"[+-]?\d+"), "0"),
                                       errors="coerce").astype(np.float64))
-        numerical = np.log1p(np.clip(ints.to_numpy(), 0, 1e300))
+        numerical = np.log(np.clip(ints.to_numpy(), 0, 1e300) + 2)
         categorical = [df[f"C{i}"].map(dictionaries[i - 1]).fillna(0).astype(np.int64)
                        .to_numpy() for i in range(1, 27)]
         out[name] = {"numerical": numerical, "categorical": categorical,
@@ -293,10 +293,10 @@ def test_numerical_transform(runs, expected, threshold):
         assert np.isfinite(got).all() and (got >= 0).all()
         # float16 keeps 11 significant bits: relative error <= 2**-11 (+ float32 step)
         np.testing.assert_allclose(got, want, rtol=2 ** -10, atol=1e-6, err_msg=mapping)
-    # the hand-made line (last train row of day 0): abc -> 0, 1e20 -> log1p(1e20), -7 -> 0,
-    # "" -> 0, +3 -> log 4, 1.5 (not an integer) -> 0, -0 -> 0
+    # the hand-made line (last train row of day 0), before adding 2: abc -> 0, 1e20, -7 -> 0,
+    # "" -> 0, +3 -> 3, 1.5 (not an integer) -> 0, -0 -> 0
     odd = data["train"]["numerical"][DAY_BOUNDS[1]].astype(np.float64)
-    want = np.log1p([0, 1e20, 0, 0, 3, 0, 0, 0, 12, 3, 0, 0, 4])
+    want = np.log(np.array([0, 1e20, 0, 0, 3, 0, 0, 0, 12, 3, 0, 0, 4]) + 2)
     np.testing.assert_allclose(odd, want, rtol=2 ** -10)
     assert data["train"]["label"][DAY_BOUNDS[1]]
 
