@@ -108,6 +108,21 @@ def _dtype_name(value):
         return None
 
 
+def read_spec_yaml(path: str) -> dict:
+    """The top-level mapping of a feature-spec yaml file (FeatureSpecError otherwise)."""
+    if not os.path.isfile(path):
+        raise FeatureSpecError(f"feature spec file not found: {path}")
+    with open(path) as f:
+        try:
+            raw = yaml.safe_load(f)
+        except yaml.YAMLError as e:
+            raise FeatureSpecError(f"{path}: not valid yaml ({e})".replace("\n", " ")) from None
+    if not isinstance(raw, dict):
+        raise FeatureSpecError(f"{path}: expected a mapping with sections feature_spec, "
+                               f"source_spec, channel_spec, metadata")
+    return raw
+
+
 @dataclass
 class FeatureSpec:
     feature_spec: dict
@@ -119,16 +134,7 @@ class FeatureSpec:
     # ---- loading and saving -------------------------------------------------------------
     @classmethod
     def from_yaml(cls, path: str) -> "FeatureSpec":
-        if not os.path.isfile(path):
-            raise FeatureSpecError(f"feature spec file not found: {path}")
-        with open(path) as f:
-            try:
-                raw = yaml.safe_load(f)
-            except yaml.YAMLError as e:
-                raise FeatureSpecError(f"{path}: not valid yaml ({e})") from e
-        if not isinstance(raw, dict):
-            raise FeatureSpecError(f"{path}: expected a mapping with sections feature_spec, "
-                                   f"source_spec, channel_spec, metadata")
+        raw = read_spec_yaml(path)
         missing = [s for s in ("feature_spec", "source_spec", "channel_spec") if s not in raw]
         if missing:
             raise FeatureSpecError(f"{path}: missing section(s) {', '.join(missing)}")

@@ -27,13 +27,12 @@ import time
 
 import numpy as np
 import pandas as pd
-import yaml
 
 from datasets import DatasetError, SplitBinaryWriter
 from feature_spec import (CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES, CHANNELS, DEFAULT_FILENAME,
                           KNOWN_MAPPINGS, LABEL_CHANNEL, LABEL_DTYPES, NUMERICAL_DTYPES,
                           REQUIRED_MAPPINGS, FeatureSpec, FeatureSpecError,
-                          narrowest_int_dtype)
+                          narrowest_int_dtype, read_spec_yaml)
 
 CSV = "csv"
 AUTO = "auto"
@@ -52,16 +51,7 @@ def load_csv_spec(path: str, chunk_types=(CSV,)) -> FeatureSpec:
 
     Unlike FeatureSpec.validate this allows several files per chunk, several features (of any
     channel) per chunk, missing dtypes and cardinality `auto`."""
-    if not os.path.isfile(path):
-        raise FeatureSpecError(f"feature spec file not found: {path}")
-    with open(path) as f:
-        try:
-            raw = yaml.safe_load(f)
-        except yaml.YAMLError as e:
-            raise FeatureSpecError(f"{path}: not valid yaml ({e})".replace("\n", " ")) from None
-    if not isinstance(raw, dict):
-        raise FeatureSpecError(f"{path}: expected a mapping with sections feature_spec, "
-                               f"source_spec, channel_spec")
+    raw = read_spec_yaml(path)
     fs = raw.get("feature_spec") or {}
     ss = raw.get("source_spec") or {}
     cs = raw.get("channel_spec") or {}
