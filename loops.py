@@ -51,6 +51,8 @@ def train(trainer, train_pipe, eval_pipe, logger, position: dict, flags) -> dict
                 epoch, batch_in_epoch = epoch + 1, 0
             checkpoint.save(flags.save_checkpoint_path, trainer,
                             {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch})
+            logger.log((epoch, step), {"checkpoint_saved": flags.save_checkpoint_path})
+            logger.print(f"checkpoint saved at step {step}: {flags.save_checkpoint_path}")
 
     logger.print(f"training: {total_steps} steps ({steps_per_epoch} per epoch), global batch "
                  f"{flags.batch_size}, {trainer.comm.size} process(es)")

@@ -65,7 +65,10 @@ def test_resume_gives_identical_losses(tmp_path):
     run_main(*common, "--log_path", str(tmp_path / "full.json"))
     ckpt = tmp_path / "ckpt"
     run_main(*common, "--max_steps", "17", "--save_checkpoint_path", str(ckpt),
-             "--log_path", str(tmp_path / "first.json"))
+             "--checkpoint_steps", "5", "--log_path", str(tmp_path / "first.json"))
+    saved_at = [r["step"][1] for r in read_log(tmp_path / "first.json")
+                if r["type"] == "LOG" and "checkpoint_saved" in r["data"]]
+    assert saved_at == [5, 10, 15, 17]  # every --checkpoint_steps, and at the end
     assert not os.path.exists(str(ckpt) + ".tmp")
     assert json.load(open(ckpt / "meta.json"))["position"] == {"step": 17, "epoch": 1,
                                                                "batch_in_epoch": 5}
