@@ -8,7 +8,6 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import sys
 import time
 
 PREFIX = "DLLL "

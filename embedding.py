@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-import numpy as np
 import tensorflow as tf
 
 from initializers import embedding_uniform

@@ -123,6 +123,18 @@ def read_spec_yaml(path: str) -> dict:
     return raw
 
 
+def check_mapping_names(source_spec: dict, where: str = "") -> None:
+    """train and test present, nothing but train/test/validation."""
+    for mapping in REQUIRED_MAPPINGS:
+        if mapping not in source_spec:
+            raise FeatureSpecError(f"{where}source_spec: mapping '{mapping}' is required, found "
+                                   f"{sorted(source_spec)}")
+    for mapping in source_spec:
+        if mapping not in KNOWN_MAPPINGS:
+            raise FeatureSpecError(f"{where}source_spec: unknown mapping '{mapping}', expected "
+                                   f"some of {list(KNOWN_MAPPINGS)}")
+
+
 @dataclass
 class FeatureSpec:
     feature_spec: dict
@@ -271,14 +283,8 @@ class FeatureSpec:
 
         if not isinstance(ss, dict):
             raise FeatureSpecError("source_spec: expected a mapping of mapping names")
-        for mapping in REQUIRED_MAPPINGS:
-            if mapping not in ss:
-                raise FeatureSpecError(f"source_spec: mapping '{mapping}' is required, found "
-                                       f"{sorted(ss)}")
+        check_mapping_names(ss)
         for mapping in ss:
-            if mapping not in KNOWN_MAPPINGS:
-                raise FeatureSpecError(f"source_spec: unknown mapping '{mapping}', expected "
-                                       f"some of {list(KNOWN_MAPPINGS)}")
             self._validate_mapping(mapping)
         return self
 

@@ -31,8 +31,8 @@ import pandas as pd
 from datasets import DatasetError, SplitBinaryWriter
 from feature_spec import (CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES, CHANNELS, DEFAULT_FILENAME,
                           KNOWN_MAPPINGS, LABEL_CHANNEL, LABEL_DTYPES, NUMERICAL_DTYPES,
-                          REQUIRED_MAPPINGS, FeatureSpec, FeatureSpecError,
-                          narrowest_int_dtype, read_spec_yaml)
+                          FeatureSpec, FeatureSpecError,
+                          check_mapping_names, narrowest_int_dtype, read_spec_yaml)
 
 CSV = "csv"
 AUTO = "auto"
@@ -79,14 +79,8 @@ def load_csv_spec(path: str, chunk_types=(CSV,)) -> FeatureSpec:
         if card != AUTO and (isinstance(card, bool) or not isinstance(card, int) or card < 1):
             raise FeatureSpecError(f"{path}: feature '{name}': cardinality must be a positive "
                                    f"integer or 'auto', found {card!r}")
-    for mapping in REQUIRED_MAPPINGS:
-        if mapping not in ss:
-            raise FeatureSpecError(f"{path}: source_spec: mapping '{mapping}' is required, "
-                                   f"found {sorted(ss)}")
+    check_mapping_names(ss, f"{path}: ")
     for mapping, chunks in ss.items():
-        if mapping not in KNOWN_MAPPINGS:
-            raise FeatureSpecError(f"{path}: source_spec: unknown mapping '{mapping}', expected "
-                                   f"some of {list(KNOWN_MAPPINGS)}")
         if not isinstance(chunks, list) or not chunks:
             raise FeatureSpecError(f"{path}: mapping '{mapping}' must be a non-empty list of "
                                    f"chunks")
