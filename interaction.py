@@ -90,9 +90,27 @@ def select_dot_implementation(requested: str = "auto", use_cpu: bool = False):
         return op.dot_based_interact
     if has_gpu:
         op, _ = _load_cuda_op()
-        if op is not None:
+        if op is not None and _op_runs(op):
             return op.dot_based_interact
     return dot_interact_tf
+
+
+def _op_runs(op) -> bool:
+    """Run the op once on a tiny input and compare with the reference: a library built for
+    another CUDA driver or architecture loads fine but fails (or misbehaves) at launch."""
+    rng = np.random.default_rng(0)
+    x = tf.constant(rng.standard_normal((3, 4, 8)), tf.float32)
+    try:
+        got = op.dot_based_interact(x, x[:, 0]).numpy()
+    except (tf.errors.OpError, RuntimeError) as e:
+        print(f"dot interaction: the CUDA op failed a test launch, using TensorFlow ({e})",
+              file=sys.stderr)
+        return False
+    if not np.allclose(got, dot_interact_tf(x, x[:, 0]).numpy(), rtol=1e-2, atol=1e-2):
+        print("dot interaction: the CUDA op disagrees with the reference on a test input, "
+              "using TensorFlow", file=sys.stderr)
+        return False
+    return True
 
 
 class DotInteraction(tf.Module):

@@ -8,9 +8,25 @@ from interaction import dot_interact_tf, select_dot_implementation
 
 
 class FakeOpModule:
+    """Stands in for the CUDA op (computes with the reference)."""
+
     @staticmethod
     def dot_based_interact(x, bottom):
-        return "cuda"
+        return dot_interact_tf(x, bottom)
+
+
+class BrokenOpModule:
+    """Loads, but fails at launch (e.g. a driver older than the op's CUDA runtime)."""
+
+    @staticmethod
+    def dot_based_interact(x, bottom):
+        raise tf.errors.InternalError(None, None, "CUDA driver version is insufficient")
+
+
+class WrongOpModule:
+    @staticmethod
+    def dot_based_interact(x, bottom):
+        return dot_interact_tf(x, bottom) + 1.0
 
 
 def pretend_gpu(monkeypatch, present=True):
@@ -36,6 +52,9 @@ def test_auto_uses_the_op_when_loaded_and_on_gpu(monkeypatch):
     monkeypatch.setattr(interaction, "_load_cuda_op", lambda: (FakeOpModule, None))
     assert select_dot_implementation("auto") is FakeOpModule.dot_based_interact
     assert select_dot_implementation("custom_cuda") is FakeOpModule.dot_based_interact
+    for bad in (BrokenOpModule, WrongOpModule):  # a test launch guards auto
+        monkeypatch.setattr(interaction, "_load_cuda_op", lambda: (bad, None))
+        assert select_dot_implementation("auto") is dot_interact_tf
     monkeypatch.setattr(interaction, "_load_cuda_op", lambda: (None, "library not built"))
     assert select_dot_implementation("auto") is dot_interact_tf
     with pytest.raises(ValueError, match="cannot be loaded: library not built"):
