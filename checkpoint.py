@@ -83,7 +83,7 @@ def save(path: str, trainer, position: dict) -> None:
         atomic_write_text(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1))
     comm.barrier()
     if comm.rank == 0:
-        slots = [""] + list(optimizer.slots("table/0").keys() if trainer.table_pairs else [])
+        slots = [""] + list(optimizer.slot_names)
         for table in range(plan.num_tables):
             if table in plan.replicated:
                 continue

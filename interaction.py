@@ -152,9 +152,6 @@ class CrossInteraction(tf.Module):
                 self.layers.append((u, v, b))
         self.input_width = input_width
 
-    def output_width(self, num_embeddings: int, dim: int) -> int:
-        return self.input_width
-
     def named_variables(self):
         out = {}
         for i, (u, v, b) in enumerate(self.layers):

@@ -8,6 +8,8 @@ OPTIMIZERS = ("sgd", "adam")
 
 
 class SGD:
+    slot_names = ()
+
     def slots(self, name: str) -> dict:
         return {}
 
@@ -25,6 +27,8 @@ class SGD:
 class Adam:
     """Adam for dense variables; lazy Adam for tables (moments of a row are updated only when
     the row appears in the batch, as in LazyAdam)."""
+
+    slot_names = ("m", "v")
 
     def __init__(self, variables: dict, beta_1=0.9, beta_2=0.999, epsilon=1e-8):
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
