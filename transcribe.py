@@ -27,14 +27,12 @@ import sys
 import time
 
 import numpy as np
-import yaml
-
 from datasets import (DatasetError, SplitBinaryReader, SplitBinaryWriter, SyntheticSource,
                       open_dataset)
 from feature_spec import (CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES, DEFAULT_FILENAME,
                           LABEL_CHANNEL, LABEL_DTYPES, NUMERICAL_CHANNEL, NUMERICAL_DTYPES,
                           REQUIRED_MAPPINGS, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec,
-                          FeatureSpecError, narrowest_int_dtype)
+                          FeatureSpecError, narrowest_int_dtype, read_spec_yaml)
 
 SPLIT_BINARY_TYPES = ("tf_raw", "split_binary")
 
@@ -88,12 +86,7 @@ def spec_shape(path: str) -> FeatureSpec:
     Only channel_spec and feature_spec are read, so a spec without a usable source_spec (as
     NVIDIA's generator writes) works. Dtypes are kept where the split-binary format allows
     them, otherwise float16 / the narrowest integer type / bool are used."""
-    if not os.path.isfile(path):
-        raise FeatureSpecError(f"feature spec file not found: {path}")
-    with open(path) as f:
-        raw = yaml.safe_load(f)
-    if not isinstance(raw, dict):
-        raise FeatureSpecError(f"{path}: not a feature spec (expected a mapping)")
+    raw = read_spec_yaml(path)
     fs = raw.get("feature_spec") or {}
     cs = raw.get("channel_spec") or {}
     categorical = list(cs.get(CATEGORICAL_CHANNEL) or [])
