@@ -108,6 +108,15 @@ def _dtype_name(value):
         return None
 
 
+def allowed_dtype(value, allowed):
+    """The numpy name of dtype `value` if it is one of `allowed`, else None."""
+    try:
+        name = str(np.dtype(value))
+    except (TypeError, ValueError):
+        return None
+    return name if name in allowed else None
+
+
 def read_spec_yaml(path: str) -> dict:
     """The top-level mapping of a feature-spec yaml file (FeatureSpecError otherwise)."""
     if not os.path.isfile(path):

@@ -32,18 +32,11 @@ from datasets import DatasetError, SplitBinaryWriter
 from feature_spec import (CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES, CHANNELS, DEFAULT_FILENAME,
                           KNOWN_MAPPINGS, LABEL_CHANNEL, LABEL_DTYPES, NUMERICAL_DTYPES,
                           FeatureSpec, FeatureSpecError,
-                          check_mapping_names, narrowest_int_dtype, read_spec_yaml)
+                          allowed_dtype, check_mapping_names, narrowest_int_dtype,
+                          read_spec_yaml)
 
 CSV = "csv"
 AUTO = "auto"
-
-
-def _dtype_or_none(value, allowed):
-    try:
-        name = str(np.dtype(value))
-    except (TypeError, ValueError):
-        return None
-    return name if name in allowed else None
 
 
 def load_csv_spec(path: str, chunk_types=(CSV,)) -> FeatureSpec:
@@ -233,15 +226,15 @@ def output_spec(spec: FeatureSpec, cardinalities: dict) -> FeatureSpec:
     for name in spec.categorical_features:
         props = fs[name] or {}
         card = cardinalities.get(name, props.get("cardinality"))
-        dtype = _dtype_or_none(props.get("dtype"), CATEGORICAL_DTYPES)
+        dtype = allowed_dtype(props.get("dtype"), CATEGORICAL_DTYPES)
         if dtype is None or card - 1 > np.iinfo(dtype).max:
             dtype = narrowest_int_dtype(card)
         cards.append(int(card))
         cat_dtypes.append(dtype)
-    num_dtypes = {_dtype_or_none((fs[n] or {}).get("dtype"), NUMERICAL_DTYPES)
+    num_dtypes = {allowed_dtype((fs[n] or {}).get("dtype"), NUMERICAL_DTYPES)
                   for n in spec.numerical_features}
     num_dtype = "float32" if num_dtypes == {"float32"} else "float16"
-    label_dtype = _dtype_or_none((fs[spec.label_feature] or {}).get("dtype"),
+    label_dtype = allowed_dtype((fs[spec.label_feature] or {}).get("dtype"),
                                  LABEL_DTYPES) or "bool"
     mappings = [m for m in KNOWN_MAPPINGS if m in spec.source_spec]
     out = FeatureSpec.get_default(len(spec.numerical_features), cards, mappings=mappings,

@@ -32,7 +32,8 @@ from datasets import (DatasetError, SplitBinaryReader, SplitBinaryWriter, Synthe
 from feature_spec import (CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES, DEFAULT_FILENAME,
                           LABEL_CHANNEL, LABEL_DTYPES, NUMERICAL_CHANNEL, NUMERICAL_DTYPES,
                           REQUIRED_MAPPINGS, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec,
-                          FeatureSpecError, narrowest_int_dtype, read_spec_yaml)
+                          FeatureSpecError, allowed_dtype, narrowest_int_dtype,
+                          read_spec_yaml)
 
 SPLIT_BINARY_TYPES = ("tf_raw", "split_binary")
 
@@ -72,14 +73,6 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def _valid_dtype(value, allowed):
-    try:
-        name = str(np.dtype(value))
-    except (TypeError, ValueError):
-        return None
-    return name if name in allowed else None
-
-
 def spec_shape(path: str) -> FeatureSpec:
     """The default-layout spec with the shape of the yaml at `path`.
 
@@ -102,15 +95,16 @@ def spec_shape(path: str) -> FeatureSpec:
             raise FeatureSpecError(f"{path}: categorical feature '{name}' needs an integer "
                                    f"cardinality, found {card!r}")
         cards.append(card)
-        dtype = _valid_dtype(props.get("dtype"), CATEGORICAL_DTYPES)
+        dtype = allowed_dtype(props.get("dtype"), CATEGORICAL_DTYPES)
         if dtype is None or card - 1 > np.iinfo(dtype).max:
             dtype = narrowest_int_dtype(card)
         cat_dtypes.append(dtype)
-    num_dtypes = {_valid_dtype((fs.get(n) or {}).get("dtype"), NUMERICAL_DTYPES)
+    num_dtypes = {allowed_dtype((fs.get(n) or {}).get("dtype"), NUMERICAL_DTYPES)
                   for n in numerical}
     num_dtype = num_dtypes.pop() if len(num_dtypes) == 1 and None not in num_dtypes \
         else "float16"
-    label_dtype = _valid_dtype((fs.get(labels[0]) or {}).get("dtype"), LABEL_DTYPES) or "bool"
+    label_dtype = (allowed_dtype((fs.get(labels[0]) or {}).get("dtype"), LABEL_DTYPES)
+                   or "bool")
     return FeatureSpec.get_default(len(numerical), cards, mappings=REQUIRED_MAPPINGS,
                                    numerical_dtype=num_dtype, label_dtype=label_dtype,
                                    categorical_dtypes=cat_dtypes, numerical_names=numerical,
