@@ -30,10 +30,17 @@ REQUIRED_MAPPINGS = (TRAIN_MAPPING, TEST_MAPPING)
 KNOWN_MAPPINGS = (TRAIN_MAPPING, TEST_MAPPING, VALIDATION_MAPPING)
 
 SPLIT_BINARY = "split_binary"
+CSV = "csv"
+PARQUET = "parquet"
+TFRECORD = "tfrecord"
+CHUNK_TYPES = (SPLIT_BINARY, CSV, PARQUET, TFRECORD)
+AUTO_CARDINALITY = "auto"
 CATEGORICAL_DTYPES = ("int8", "int16", "int32", "int64")
 # float16 is the format's type; float32 is accepted for tools that want exact values.
 NUMERICAL_DTYPES = ("float16", "float32")
 LABEL_DTYPES = ("bool", "int8")
+# Columnar formats store labels as they come (0/1 in any integer or float column).
+COLUMNAR_LABEL_DTYPES = ("bool", "int8", "int16", "int32", "int64", "float32")
 
 DEFAULT_FILENAME = "feature_spec.yaml"
 
@@ -96,6 +103,11 @@ def _plain(value):
     if isinstance(value, np.dtype):
         return str(value)
     return value
+
+
+def _is_positive_int(value) -> bool:
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) \
+        and value >= 1
 
 
 def _dtype_name(value):
@@ -195,6 +207,19 @@ class FeatureSpec:
     def dtype(self, feature: str) -> np.dtype:
         return np.dtype(self.feature_spec[feature]["dtype"])
 
+    def channel(self, name: str) -> list:
+        """Features of a channel, in channel order (empty when the channel is absent)."""
+        return list(self.channel_spec.get(name) or [])
+
+    def dimension(self, feature: str):
+        """Values per row of a multi-hot or sequence feature (`dimensions: [d]`); None for a
+        scalar feature."""
+        dims = self.feature_spec[feature].get("dimensions")
+        return int(dims[0]) if dims else None
+
+    def cardinality(self, feature: str) -> int:
+        return int(self.feature_spec[feature]["cardinality"])
+
     @property
     def mappings(self) -> list:
         return list(self.source_spec.keys())
@@ -215,9 +240,21 @@ class FeatureSpec:
                 "categorical": [by_feature[f] for f in self.categorical_features]}
 
     # ---- validation ---------------------------------------------------------------------
-    def validate(self) -> "FeatureSpec":
-        """Raise FeatureSpecError (one line naming the culprit) unless the spec fits DLRM."""
-        fs, cs, ss = self.feature_spec, self.channel_spec, self.source_spec
+    def validate(self, contract: "ChannelContract" = None) -> "FeatureSpec":
+        """Raise FeatureSpecError (one line naming the culprit) unless the spec is well formed
+        and fits the model family's channel contract (default: DLRM's)."""
+        contract = contract or DLRM_CONTRACT
+        self._validate_features()
+        contract.check_channels(self)
+        if not isinstance(self.source_spec, dict):
+            raise FeatureSpecError("source_spec: expected a mapping of mapping names")
+        check_mapping_names(self.source_spec)
+        for mapping in self.source_spec:
+            self._validate_mapping(mapping, contract)
+        return self
+
+    def _validate_features(self) -> None:
+        fs = self.feature_spec
         if not isinstance(fs, dict) or not fs:
             raise FeatureSpecError("feature_spec: expected a non-empty mapping of feature names")
         for name, props in fs.items():
@@ -229,76 +266,17 @@ class FeatureSpec:
             if _dtype_name(props["dtype"]) is None:
                 raise FeatureSpecError(f"feature_spec: feature '{name}' has unknown dtype "
                                        f"{props['dtype']!r}")
+            dims = props.get("dimensions")
+            if dims is not None and not (isinstance(dims, list) and len(dims) == 1
+                                         and _is_positive_int(dims[0])):
+                raise FeatureSpecError(f"feature_spec: feature '{name}': dimensions must be a "
+                                       f"list of one positive integer (e.g. [3]), found "
+                                       f"{dims!r}")
         if not isinstance(self.metadata, dict):
             raise FeatureSpecError(f"metadata: expected a mapping, found "
                                    f"{type(self.metadata).__name__}")
 
-        if not isinstance(cs, dict) or set(cs) != set(CHANNELS):
-            found = sorted(cs) if isinstance(cs, dict) else cs
-            raise FeatureSpecError("channel_spec: expected exactly the channels "
-                                   f"{list(CHANNELS)}, found {found}")
-        seen_in_channels = {}
-        for channel in CHANNELS:
-            names = cs[channel] or []
-            if not isinstance(names, list):
-                raise FeatureSpecError(f"channel_spec: channel '{channel}' must be a list")
-            for name in names:
-                if not isinstance(name, str):
-                    raise FeatureSpecError(f"channel_spec: channel '{channel}' lists {name!r}; "
-                                           f"expected feature names")
-                if name in seen_in_channels:
-                    raise FeatureSpecError(f"channel_spec: feature '{name}' appears twice "
-                                           f"(in '{seen_in_channels[name]}' and '{channel}')")
-                seen_in_channels[name] = channel
-                if name not in fs:
-                    raise FeatureSpecError(f"channel_spec: feature '{name}' of channel "
-                                           f"'{channel}' is not described in feature_spec")
-        if len(cs[LABEL_CHANNEL] or []) != 1:
-            raise FeatureSpecError(f"channel_spec: channel 'label' must hold exactly one "
-                                   f"feature, found {len(cs[LABEL_CHANNEL] or [])}: "
-                                   f"{cs[LABEL_CHANNEL] or []}")
-        if not cs[CATEGORICAL_CHANNEL] and not cs[NUMERICAL_CHANNEL]:
-            raise FeatureSpecError("channel_spec: no categorical and no numerical features")
-
-        for name in cs[CATEGORICAL_CHANNEL] or []:
-            props = fs[name]
-            if _dtype_name(props["dtype"]) not in CATEGORICAL_DTYPES:
-                raise FeatureSpecError(f"feature '{name}': categorical dtype must be one of "
-                                       f"{list(CATEGORICAL_DTYPES)}, found '{props['dtype']}'")
-            card = props.get("cardinality")
-            if isinstance(card, (bool, np.bool_)) or not isinstance(card, (int, np.integer)) \
-                    or card < 1:
-                raise FeatureSpecError(f"feature '{name}': cardinality must be a positive "
-                                       f"integer, found {card!r}")
-            if int(card) - 1 > np.iinfo(_dtype_name(props["dtype"])).max:
-                raise FeatureSpecError(f"feature '{name}': cardinality {card} does not fit "
-                                       f"dtype {props['dtype']}")
-        for name in cs[NUMERICAL_CHANNEL] or []:
-            if _dtype_name(fs[name]["dtype"]) not in NUMERICAL_DTYPES:
-                raise FeatureSpecError(f"feature '{name}': numerical dtype must be one of "
-                                       f"{list(NUMERICAL_DTYPES)}, found '{fs[name]['dtype']}'")
-        numerical = cs[NUMERICAL_CHANNEL] or []
-        numerical_dtypes = {_dtype_name(fs[n]["dtype"]) for n in numerical}
-        if len(numerical_dtypes) > 1:
-            first = _dtype_name(fs[numerical[0]]["dtype"])
-            odd = [n for n in numerical if _dtype_name(fs[n]["dtype"]) != first]
-            raise FeatureSpecError(f"numerical features must share one dtype, found "
-                                   f"{sorted(numerical_dtypes)}: '{numerical[0]}' is {first} "
-                                   f"but {odd} are not")
-        label = cs[LABEL_CHANNEL][0]
-        if _dtype_name(fs[label]["dtype"]) not in LABEL_DTYPES:
-            raise FeatureSpecError(f"feature '{label}': label dtype must be one of "
-                                   f"{list(LABEL_DTYPES)}, found '{fs[label]['dtype']}'")
-
-        if not isinstance(ss, dict):
-            raise FeatureSpecError("source_spec: expected a mapping of mapping names")
-        check_mapping_names(ss)
-        for mapping in ss:
-            self._validate_mapping(mapping)
-        return self
-
-    def _validate_mapping(self, mapping: str) -> None:
-        cs = self.channel_spec
+    def _validate_mapping(self, mapping: str, contract: "ChannelContract") -> None:
         chunks = self.source_spec[mapping]
         if not isinstance(chunks, list) or not chunks:
             raise FeatureSpecError(f"source_spec: mapping '{mapping}' must be a non-empty "
@@ -312,19 +290,12 @@ class FeatureSpec:
                 where += f" ({chunk['files'][0]})"
             if not isinstance(chunk, dict):
                 raise FeatureSpecError(f"{where}: expected a mapping with type, features, files")
-            if chunk.get("type") != SPLIT_BINARY:
-                raise FeatureSpecError(f"{where}: type must be '{SPLIT_BINARY}', found "
-                                       f"{chunk.get('type')!r}")
-            files, features = chunk.get("files"), chunk.get("features")
-            if not isinstance(files, list) or len(files) != 1:
-                raise FeatureSpecError(f"{where}: exactly one file per chunk, found {files!r}")
-            if not isinstance(files[0], str) or not files[0].strip():
-                raise FeatureSpecError(f"{where}: file name must be a non-empty string, found "
-                                       f"{files[0]!r}")
-            if files[0] in file_owner:
-                raise FeatureSpecError(f"{where}: file '{files[0]}' is already used by chunk "
-                                       f"{file_owner[files[0]]} of mapping '{mapping}'")
-            file_owner[files[0]] = index
+            if chunk.get("type") not in contract.chunk_types:
+                raise FeatureSpecError(f"{where}: type must be one of "
+                                       f"{list(contract.chunk_types)} for {contract.model}, "
+                                       f"found {chunk.get('type')!r}")
+            self._check_chunk_files(chunk, where, mapping, index, file_owner)
+            features = chunk.get("features")
             if not isinstance(features, list) or not features:
                 raise FeatureSpecError(f"{where}: features must be a non-empty list")
             for name in features:
@@ -337,30 +308,40 @@ class FeatureSpec:
                     raise FeatureSpecError(f"{where}: feature '{name}' is not described in "
                                            f"feature_spec")
                 present[name] = index
-            channels = {self._channel_of(n) for n in features}
-            if None in channels:
-                stray = [n for n in features if self._channel_of(n) is None]
+            stray = [n for n in features if self.channel_of(n) is None]
+            if stray:
                 raise FeatureSpecError(f"{where}: feature(s) {stray} belong to no channel")
-            if len(channels) > 1:
-                raise FeatureSpecError(f"{where}: features {features} mix channels "
-                                       f"{sorted(channels)}; each chunk holds one channel")
-            channel = channels.pop()
-            if channel in (CATEGORICAL_CHANNEL, LABEL_CHANNEL) and len(features) != 1:
-                raise FeatureSpecError(f"{where}: a {channel} feature must be alone in its "
-                                       f"chunk, found {features}")
-            if channel == NUMERICAL_CHANNEL and features != list(cs[NUMERICAL_CHANNEL]):
-                raise FeatureSpecError(f"{where}: all numerical features must be in one chunk "
-                                       f"in channel order {list(cs[NUMERICAL_CHANNEL])}, "
-                                       f"found {features}")
-        for channel in CHANNELS:
-            for name in cs[channel] or []:
+            if contract.check_chunk:
+                contract.check_chunk(self, where, features)
+        for channel, rule in contract.channels.items():
+            if rule.mappings is not None and mapping not in rule.mappings:
+                continue
+            for name in self.channel(channel):
                 if name not in present:
                     raise FeatureSpecError(f"source_spec: mapping '{mapping}' lacks feature "
                                            f"'{name}' of channel '{channel}'")
 
-    def _channel_of(self, feature: str):
-        for channel in CHANNELS:
-            if feature in (self.channel_spec.get(channel) or []):
+    @staticmethod
+    def _check_chunk_files(chunk: dict, where: str, mapping: str, index: int,
+                           file_owner: dict) -> None:
+        files = chunk.get("files")
+        if chunk["type"] == SPLIT_BINARY:  # the format: one feature block per file
+            if not isinstance(files, list) or len(files) != 1:
+                raise FeatureSpecError(f"{where}: exactly one file per chunk, found {files!r}")
+        elif not isinstance(files, list) or not files:
+            raise FeatureSpecError(f"{where}: files must be a non-empty list, found {files!r}")
+        for name in files:
+            if not isinstance(name, str) or not name.strip():
+                raise FeatureSpecError(f"{where}: file name must be a non-empty string, found "
+                                       f"{name!r}")
+            if name in file_owner:
+                raise FeatureSpecError(f"{where}: file '{name}' is already used by chunk "
+                                       f"{file_owner[name]} of mapping '{mapping}'")
+            file_owner[name] = index
+
+    def channel_of(self, feature: str):
+        for channel, names in self.channel_spec.items():
+            if feature in (names or []):
                 return channel
         return None
 
@@ -414,3 +395,156 @@ class FeatureSpec:
             raise FeatureSpecError(f"unknown feature spec variant '{variant}', expected one of "
                                    f"{sorted(CRITEO_VARIANTS)}")
         return cls.get_default(CRITEO_NUM_NUMERICAL, CRITEO_CARDINALITIES[CRITEO_VARIANTS[variant]])
+
+
+# ---- channel contracts: what a model family reads ---------------------------------------
+@dataclass(frozen=True)
+class ChannelRule:
+    """What a channel may hold.
+
+    kind: 'categorical' (integer ids below an integer cardinality), 'numerical' (floats),
+    'label' (0/1) or 'id' (any integer, e.g. a display id used to group rows).
+    shape: 'scalar' (no dimensions), 'multi' (dimensions required) or 'any'.
+    mappings: the mappings that must carry the channel's features (None: every mapping).
+    """
+    kind: str
+    min_features: int = 0
+    max_features: int = None
+    shape: str = "scalar"
+    dtypes: tuple = None
+    mappings: tuple = None
+    same_dtype: bool = False
+
+    def allowed_dtypes(self) -> tuple:
+        if self.dtypes is not None:
+            return self.dtypes
+        return {"categorical": CATEGORICAL_DTYPES, "id": CATEGORICAL_DTYPES,
+                "numerical": NUMERICAL_DTYPES, "label": COLUMNAR_LABEL_DTYPES}[self.kind]
+
+    def count_text(self) -> str:
+        if self.min_features == self.max_features:
+            return "exactly one feature" if self.min_features == 1 else \
+                f"exactly {self.min_features} features"
+        if self.max_features is not None:
+            return f"at most {self.max_features} feature(s)"
+        return f"at least {self.min_features} feature(s)"
+
+
+@dataclass(frozen=True)
+class ChannelContract:
+    """A model family's channels and the chunk types it reads. check_chunk(spec, where,
+    features) and check_spec(spec) add rules that span several features or channels."""
+    model: str
+    chunk_types: tuple
+    channels: dict
+    required_channels: tuple = ()
+    nonempty_any: tuple = ()
+    check_chunk: object = None
+    check_spec: object = None
+
+    def check_channels(self, spec: "FeatureSpec") -> None:
+        cs = spec.channel_spec
+        if not isinstance(cs, dict):
+            raise FeatureSpecError(f"channel_spec: expected a mapping of channels "
+                                   f"{list(self.channels)}, found {cs!r}")
+        unknown = [c for c in cs if c not in self.channels]
+        if unknown:
+            raise FeatureSpecError(f"channel_spec: unknown channel(s) {unknown} for "
+                                   f"{self.model}; expected the channels {list(self.channels)}")
+        missing = [c for c in self.required_channels if c not in cs]
+        if missing:
+            raise FeatureSpecError(f"channel_spec: {self.model} needs the channels "
+                                   f"{list(self.required_channels)}, missing {missing}")
+        self._check_names(spec)
+        for channel, rule in self.channels.items():
+            self._check_channel(spec, channel, rule)
+        if self.nonempty_any and not any(spec.channel(c) for c in self.nonempty_any):
+            raise FeatureSpecError(f"channel_spec: no features in any of the channels "
+                                   f"{list(self.nonempty_any)}")
+        if self.check_spec:
+            self.check_spec(spec)
+
+    def _check_names(self, spec: "FeatureSpec") -> None:
+        seen = {}
+        for channel in self.channels:
+            names = spec.channel_spec.get(channel) or []
+            if not isinstance(names, list):
+                raise FeatureSpecError(f"channel_spec: channel '{channel}' must be a list")
+            for name in names:
+                if not isinstance(name, str):
+                    raise FeatureSpecError(f"channel_spec: channel '{channel}' lists {name!r}; "
+                                           f"expected feature names")
+                if name in seen:
+                    raise FeatureSpecError(f"channel_spec: feature '{name}' appears twice "
+                                           f"(in '{seen[name]}' and '{channel}')")
+                seen[name] = channel
+                if name not in spec.feature_spec:
+                    raise FeatureSpecError(f"channel_spec: feature '{name}' of channel "
+                                           f"'{channel}' is not described in feature_spec")
+
+    def _check_channel(self, spec: "FeatureSpec", channel: str, rule: ChannelRule) -> None:
+        names = spec.channel(channel)
+        if len(names) < rule.min_features or \
+                (rule.max_features is not None and len(names) > rule.max_features):
+            raise FeatureSpecError(f"channel_spec: channel '{channel}' must hold "
+                                   f"{rule.count_text()}, found {len(names)}: {names}")
+        for name in names:
+            _check_feature(spec, name, channel, rule, self.model)
+        dtypes = {_dtype_name(spec.feature_spec[n]["dtype"]) for n in names}
+        if rule.same_dtype and len(dtypes) > 1:
+            first = _dtype_name(spec.feature_spec[names[0]]["dtype"])
+            odd = [n for n in names if _dtype_name(spec.feature_spec[n]["dtype"]) != first]
+            raise FeatureSpecError(f"{channel} features must share one dtype, found "
+                                   f"{sorted(dtypes)}: '{names[0]}' is {first} but {odd} are "
+                                   f"not")
+
+
+def _check_feature(spec: "FeatureSpec", name: str, channel: str, rule: ChannelRule,
+                   model: str) -> None:
+    props = spec.feature_spec[name]
+    dtype = _dtype_name(props["dtype"])
+    allowed = rule.allowed_dtypes()
+    if dtype not in allowed:
+        raise FeatureSpecError(f"feature '{name}': {rule.kind} dtype must be one of "
+                               f"{list(allowed)}, found '{props['dtype']}'")
+    if rule.kind == "categorical":
+        card = props.get("cardinality")
+        if not _is_positive_int(card):
+            raise FeatureSpecError(f"feature '{name}': cardinality must be a positive "
+                                   f"integer, found {card!r}")
+        if int(card) - 1 > np.iinfo(dtype).max:
+            raise FeatureSpecError(f"feature '{name}': cardinality {card} does not fit "
+                                   f"dtype {props['dtype']}")
+    dims = props.get("dimensions")
+    if rule.shape == "scalar" and dims:
+        raise FeatureSpecError(f"feature '{name}' of channel '{channel}': {model} reads one "
+                               f"value per row here, found dimensions {dims}")
+    if rule.shape == "multi" and not dims:
+        raise FeatureSpecError(f"feature '{name}' of channel '{channel}': {model} needs "
+                               f"dimensions [d] (values per row), found none")
+
+
+def _check_dlrm_chunk(spec: "FeatureSpec", where: str, features: list) -> None:
+    """Split-binary layout: one channel per file, categorical features and the label alone,
+    the numerical block whole and in channel order."""
+    channels = {spec.channel_of(n) for n in features}
+    if len(channels) > 1:
+        raise FeatureSpecError(f"{where}: features {features} mix channels "
+                               f"{sorted(channels)}; each chunk holds one channel")
+    channel = channels.pop()
+    if channel in (CATEGORICAL_CHANNEL, LABEL_CHANNEL) and len(features) != 1:
+        raise FeatureSpecError(f"{where}: a {channel} feature must be alone in its "
+                               f"chunk, found {features}")
+    numerical = spec.channel(NUMERICAL_CHANNEL)
+    if channel == NUMERICAL_CHANNEL and features != numerical:
+        raise FeatureSpecError(f"{where}: all numerical features must be in one chunk "
+                               f"in channel order {numerical}, found {features}")
+
+
+DLRM_CONTRACT = ChannelContract(
+    model="DLRM", chunk_types=(SPLIT_BINARY,),
+    channels={CATEGORICAL_CHANNEL: ChannelRule("categorical"),
+              NUMERICAL_CHANNEL: ChannelRule("numerical", same_dtype=True),
+              LABEL_CHANNEL: ChannelRule("label", 1, 1, dtypes=LABEL_DTYPES)},
+    required_channels=CHANNELS, nonempty_any=(CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL),
+    check_chunk=_check_dlrm_chunk)
