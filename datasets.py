@@ -697,10 +697,15 @@ def open_reader(spec: FeatureSpec, mapping: str, batch_size: int, **kwargs) -> C
 
 
 def _ragged(values, width: int, name: str):
-    """A multi feature's rows -> (flat values, lengths). Accepts per-row sequences or a
-    (padded [n, d] values, lengths [n]) pair."""
+    """A multi feature's rows -> (flat values, lengths). Accepts per-row sequences, a
+    (padded [n, d] values, lengths [n]) pair or a (flat values, lengths) pair."""
     if isinstance(values, tuple):
         padded, lengths = np.asarray(values[0]), np.asarray(values[1], dtype=np.int64)
+        if padded.ndim == 1:
+            if padded.size != lengths.sum():
+                raise DatasetError(f"feature '{name}': {padded.size} values for lengths "
+                                   f"summing to {lengths.sum()}")
+            return padded, lengths
         mask = np.arange(padded.shape[1])[None, :] < lengths[:, None]
         if lengths.size and lengths.max() > padded.shape[1]:
             raise DatasetError(f"feature '{name}': a length exceeds the padded width "
@@ -757,7 +762,9 @@ class ColumnarWriter:
                                    f"expected {rows}")
             rows = n
             self._check_ids(name, ids)
-            checked[name] = value
+            dtype = self.spec.dtype(name)
+            checked[name] = (value.astype(dtype) if width is None
+                             else (value[0].astype(dtype), value[1]))
         return rows or 0, checked
 
     def _check_ids(self, name: str, ids: np.ndarray) -> None:
@@ -789,9 +796,9 @@ class ColumnarWriter:
             if isinstance(value, tuple):
                 offsets = np.concatenate([[0], np.cumsum(value[1])]).astype(np.int32)
                 arrays[name] = pa.ListArray.from_arrays(
-                    pa.array(offsets), pa.array(value[0].astype(self.spec.dtype(name))))
+                    pa.array(offsets), pa.array(value[0]))
             else:
-                arrays[name] = pa.array(value.astype(self.spec.dtype(name)))
+                arrays[name] = pa.array(value)
         pq.write_table(pa.table(arrays), path, row_group_size=PARQUET_ROW_GROUP)
 
     def _write_tfrecord(self, path: str, rows: int, columns: dict) -> None:
