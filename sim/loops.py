@@ -5,7 +5,8 @@ import time
 
 import numpy as np
 
-from data_parallel import allgather_rows
+from dataloader import DictPipeline
+from data_parallel import gather_to_root
 from metrics import log_loss, roc_auc
 from progress import Progress
 from sim.data import label as batch_label
@@ -13,13 +14,15 @@ from sim.data import model_inputs
 
 
 def evaluate(trainer, spec, dataset) -> dict:
-    """AUC and log loss over every test row (all ranks' rows gathered)."""
+    """AUC and log loss over every test row (all ranks' rows gathered); {} off rank 0."""
     predictions, labels = [], []
     for batch in dataset:
         predictions.append(trainer.predict(model_inputs(spec, batch)).numpy())
         labels.append(batch_label(spec, batch).numpy())
-    predictions = allgather_rows(trainer.comm, np.concatenate(predictions))
-    labels = allgather_rows(trainer.comm, np.concatenate(labels))
+    predictions = gather_to_root(trainer.comm, np.concatenate(predictions))
+    labels = gather_to_root(trainer.comm, np.concatenate(labels))
+    if labels is None:
+        return {}
     return {"auc": roc_auc(labels, predictions), "test_loss": log_loss(labels, predictions),
             "test_samples": int(labels.size)}
 
@@ -54,8 +57,8 @@ def train(trainer, spec, train_pipe, test_dataset, logger, position: dict, opts)
                 break
             start = time.perf_counter()
             loss = trainer.train_step(model_inputs(spec, batch), batch_label(spec, batch),
-                                      batch["__global_rows"], step)
-            timed.append((time.perf_counter() - start, int(batch["__global_rows"])))
+                                      batch[DictPipeline.GLOBAL_ROWS], step)
+            timed.append((time.perf_counter() - start, int(batch[DictPipeline.GLOBAL_ROWS])))
             step += 1
             progress.step_done()
             if step % opts.print_freq == 0 or step == total:
@@ -67,8 +70,9 @@ def train(trainer, spec, train_pipe, test_dataset, logger, position: dict, opts)
             break
         metrics = evaluate(trainer, spec, test_dataset)
         logger.log((epoch, step), metrics)
-        logger.print(f"epoch {epoch}: test auc {metrics['auc']:.6f}  test_loss "
-                     f"{metrics['test_loss']:.6f}")
+        if metrics:
+            logger.print(f"epoch {epoch}: test auc {metrics['auc']:.6f}  test_loss "
+                         f"{metrics['test_loss']:.6f}")
         progress.restart_interval()
         position = {"epoch": epoch + 1, "step": step}
     final = dict(metrics, step=step)

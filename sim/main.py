@@ -95,11 +95,12 @@ def pipelines(spec, comm):
     from dataloader import DictPipeline
     from sim.data import open_mapping
     train = open_mapping(spec, "train", F.global_batch_size, comm, F.drop_remainder)
-    test = DictPipeline(open_mapping(spec, "test", F.global_batch_size, comm),
+    labels = (spec.label_feature,)
+    test = DictPipeline(open_mapping(spec, "test", F.global_batch_size, comm), labels,
                         F.prefetch_test_size).epoch()
     if not F.disable_cache:
         test = test.cache()
-    return DictPipeline(train, F.prefetch_train_size), test
+    return DictPipeline(train, labels, F.prefetch_train_size), test
 
 
 def run(spec, comm, logger):

@@ -24,6 +24,7 @@ import sys
 
 import numpy as np
 
+import runtime
 from sim import schema
 
 SIGNALS = ("long", "short", "none")
@@ -90,6 +91,7 @@ def write(dst: str, users=4000, items=1000, categories=20, history_length=100, s
 
 
 def main(argv=None):
+    runtime.configure()  # quiet TensorFlow, which the TFRecord writer imports
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dst", required=True, help="output directory (train/, test/, yaml)")
     p.add_argument("--users", type=int, default=4000)
