@@ -63,10 +63,12 @@ flags.mark_flag_as_required("dataset_dir")
 
 def configure_tensorflow():
     import tensorflow as tf
-    if F.cpu:
+    if F.cpu and tf.config.list_physical_devices("GPU"):
         tf.config.set_visible_devices([], "GPU")
-    tf.config.threading.set_inter_op_parallelism_threads(F.inter_op_parallelism)
-    tf.config.threading.set_intra_op_parallelism_threads(F.intra_op_parallelism)
+    if F.inter_op_parallelism:
+        tf.config.threading.set_inter_op_parallelism_threads(F.inter_op_parallelism)
+    if F.intra_op_parallelism:
+        tf.config.threading.set_intra_op_parallelism_threads(F.intra_op_parallelism)
     tf.random.set_seed(F.seed)
     tf.config.experimental.enable_op_determinism()
 
@@ -129,6 +131,15 @@ def run(spec, comm, logger):
 
 
 def main(argv):
+    """Errors of the inputs (spec, data, flags, checkpoint) end the run with one line."""
+    try:
+        train_or_infer()
+    except ValueError as e:  # FeatureSpecError, DatasetError, SimDataError, CheckpointError...
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def train_or_infer():
     configure_tensorflow()
     from distributed import make_communicator
     from dllog import DLLogger
