@@ -23,11 +23,32 @@ def apply_mlp(mlp: MLP, x, compute_dtype):
     return tf.reshape(y, tf.concat([leading, [y.shape[-1]]], 0))
 
 
-def attention_scores(mlp: MLP, query, keys, compute_dtype):
-    """DIN's activation unit: an MLP on [q, k, q-k, q*k] for every step -> scores [B, S]."""
-    q = tf.broadcast_to(query[:, None, :], tf.shape(keys))
-    unit_input = tf.concat([q, keys, q - keys, q * keys], axis=-1)
-    return tf.squeeze(apply_mlp(mlp, unit_input, compute_dtype), axis=-1)
+class AttentionUnit(tf.Module):
+    """DIN's activation unit: score(q, k) = MLP([q, k, q - k, q * k]) -> [B, S].
+
+    The first layer's kernel is one [4W, H] matrix (blocks for q, k, q-k, q*k), but it is
+    applied in the equivalent form q (Wq + Wd) + [k, q*k] [Wk - Wd; Wp]: the query's part is
+    computed once per row instead of once per behaviour, halving the dominant matmul."""
+
+    def __init__(self, item_width: int, widths, seed: int, key: int, name: str):
+        super().__init__(name=name)
+        with self.name_scope:
+            self.kernel = tf.Variable(glorot_normal(4 * item_width, widths[0], seed, key),
+                                      name="kernel")
+            self.bias = tf.Variable(tf.zeros([widths[0]]), name="bias")
+            self.rest = MLP(widths[0], tuple(widths[1:]) + (1,), False, seed, key + 1, "rest")
+
+    def named_variables(self, prefix: str) -> dict:
+        return {f"{prefix}/kernel": self.kernel, f"{prefix}/bias": self.bias,
+                **self.rest.named_variables(f"{prefix}/rest")}
+
+    def __call__(self, query, keys, compute_dtype):
+        wq, wk, wd, wp = tf.split(tf.cast(self.kernel, compute_dtype), 4, axis=0)
+        per_row = tf.nn.bias_add(tf.matmul(query, wq + wd), tf.cast(self.bias, compute_dtype))
+        per_step = matmul_last_axis(tf.concat([keys, query[:, None, :] * keys], -1),
+                                    tf.concat([wk - wd, wp], 0))
+        hidden = tf.nn.relu(per_row[:, None, :] + per_step)
+        return tf.squeeze(apply_mlp(self.rest, hidden, compute_dtype), axis=-1)
 
 
 def masked_softmax(scores, mask):
@@ -35,11 +56,12 @@ def masked_softmax(scores, mask):
     return weights * mask
 
 
-def attention_pool(mlp: MLP, query, keys, mask, compute_dtype, normalize: bool = False):
+def attention_pool(unit: AttentionUnit, query, keys, mask, compute_dtype,
+                   normalize: bool = False):
     """Weighted sum of the keys by their scores against the query. DIN keeps the raw scores
     (the pooled norm then carries how much of the history matches); normalize=True uses a
     masked softmax instead. Returns (pooled [B, W], weights [B, S])."""
-    scores = attention_scores(mlp, query, keys, compute_dtype)
+    scores = unit(query, keys, compute_dtype)
     weights = masked_softmax(scores, mask) if normalize else scores * mask
     return tf.reduce_sum(weights[:, :, None] * keys, axis=1), weights
 

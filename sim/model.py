@@ -82,21 +82,21 @@ class SimModel(tf.Module):
                                 for t, n in enumerate(c.user_cardinalities)]
             self.item_tables = [self._table(n, 100 + t, f"item_table_{t}")
                                 for t, n in enumerate(c.item_cardinalities)]
-            attention_dims = tuple(c.attention_mlp_dims) + (1,)
-            self.short_attention = MLP(4 * item_width, attention_dims, False, seed, 1000,
-                                       "short_attention")
+            self.short_attention = layers.AttentionUnit(item_width, c.attention_mlp_dims, seed,
+                                                        1000, "short_attention")
             self.gru = layers.GRU(item_width, item_width, seed, 1100, "interest_extractor")
             self.augru = layers.GRU(item_width, item_width, seed, 1200, "interest_evolution")
             self.aux_mlp = MLP(2 * item_width, tuple(c.aux_mlp_dims) + (1,), False, seed,
                                1300, "aux_mlp")
             user_width = dim * len(c.user_cardinalities)
             if c.model_type == "sim":
-                one = tuple(c.stage_one_mlp_dims) + (1,)
-                self.gsu_scorer = MLP(4 * item_width, one, False, seed, 1400, "gsu_scorer")
-                self.gsu_head = MLP(user_width + 3 * item_width, one, False, seed, 1500,
+                self.gsu_scorer = layers.AttentionUnit(item_width, c.stage_one_mlp_dims, seed,
+                                                       1400, "gsu_scorer")
+                self.gsu_head = MLP(user_width + 3 * item_width,
+                                    tuple(c.stage_one_mlp_dims) + (1,), False, seed, 1500,
                                     "gsu_head")
-                self.long_attention = MLP(4 * item_width, attention_dims, False, seed, 1600,
-                                          "long_attention")
+                self.long_attention = layers.AttentionUnit(item_width, c.attention_mlp_dims,
+                                                           seed, 1600, "long_attention")
             pooled = {"din": 1, "dien": 1, "sim": 2}[c.model_type]
             self.top_mlp = MLP(user_width + item_width + 2 * pooled * item_width,
                                tuple(c.stage_two_mlp_dims) + (1,), False, seed, 1700,
@@ -195,15 +195,14 @@ class SimModel(tf.Module):
         states = self.gru(e["short"], e["short_mask"], compute_dtype)
         aux = layers.auxiliary_loss(self.aux_mlp, states, e["short"], e["short_negative"],
                                     e["short_mask"], compute_dtype)
-        scores = layers.attention_scores(self.short_attention, e["target"], states,
-                                         compute_dtype)
+        scores = self.short_attention(e["target"], states, compute_dtype)
         attention = layers.masked_softmax(scores, e["short_mask"])
         evolved = self.augru(states, e["short_mask"], compute_dtype, attention)
         return evolved[:, -1], aux
 
     def _search(self, e, compute_dtype):
         target, long, mask = e["target"], e["long"], e["long_mask"]
-        scores = layers.attention_scores(self.gsu_scorer, target, long, compute_dtype)
+        scores = self.gsu_scorer(target, long, compute_dtype)
         weights = layers.masked_softmax(scores, mask)
         gsu_pooled = tf.reduce_sum(weights[:, :, None] * long, axis=1)
         head_in = tf.concat([e["user"], target, gsu_pooled, target * gsu_pooled], -1)

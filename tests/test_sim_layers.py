@@ -25,9 +25,13 @@ def sigmoid(x):
     return 1 / (1 + np.exp(-x))
 
 
-def np_scores(mlp, q, keys):
-    return np.array([[np_mlp(mlp, np.concatenate([q[b], k, q[b] - k, q[b] * k])[None])[0, 0]
-                      for k in keys[b]] for b in range(len(keys))])
+def np_scores(unit, q, keys):
+    """The activation unit as written in DIN: an MLP on the concatenation [q, k, q-k, q*k]."""
+    def score(query, key):
+        x = np.concatenate([query, key, query - key, query * key])
+        hidden = np.maximum(x @ unit.kernel.numpy() + unit.bias.numpy(), 0)
+        return np_mlp(unit.rest, hidden[None])[0, 0]
+    return np.array([[score(q[b], k) for k in keys[b]] for b in range(len(keys))])
 
 
 @pytest.fixture
@@ -43,9 +47,10 @@ def data():
 @pytest.mark.parametrize("normalize", [False, True])
 def test_attention_pool_matches_numpy_and_ignores_padding(data, normalize):
     q, keys, mask = data
-    mlp = MLP(16, (8, 1), False, seed=1, key=0, name="att")
-    pooled, weights = layers.attention_pool(mlp, q, keys, mask, F32, normalize=normalize)
-    scores = np_scores(mlp, q, keys)
+    unit = layers.AttentionUnit(4, (8, 6), seed=1, key=0, name="att")
+    unit.bias.assign([0.1 * i - 0.3 for i in range(8)])
+    pooled, weights = layers.attention_pool(unit, q, keys, mask, F32, normalize=normalize)
+    scores = np_scores(unit, q, keys)
     expected_w = np.zeros_like(scores)
     for b in range(len(q)):
         valid = mask[b] > 0
@@ -58,7 +63,7 @@ def test_attention_pool_matches_numpy_and_ignores_padding(data, normalize):
                                rtol=1e-5, atol=1e-6)
     # Appending padding (arbitrary values, mask 0) changes nothing.
     junk = np.random.default_rng(9).standard_normal((3, 5, 4)).astype(np.float32) * 100
-    padded, _ = layers.attention_pool(mlp, q, np.concatenate([keys, junk], 1),
+    padded, _ = layers.attention_pool(unit, q, np.concatenate([keys, junk], 1),
                                       np.concatenate([mask, np.zeros((3, 5), np.float32)], 1),
                                       F32, normalize=normalize)
     np.testing.assert_allclose(padded.numpy(), pooled.numpy(), rtol=1e-6, atol=1e-6)
