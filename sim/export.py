@@ -1,10 +1,7 @@
 """A SavedModel of a trained SIM/DIEN/DIN: the serving signature takes the raw features of
 the spec (ids; histories [n, d] with their length) and returns click probabilities. Written
-into a temp directory and renamed into place."""
+into a staged directory renamed into place."""
 from __future__ import annotations
-
-import os
-import shutil
 
 import tensorflow as tf
 
@@ -36,11 +33,13 @@ class ServingModel(tf.Module):
 
 
 def export_saved_model(model, spec, output_path: str) -> None:
-    output_path = os.path.abspath(output_path)
+    from datasets import StagedDirectory
     serving = ServingModel(model, spec)
-    tmp = output_path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tf.saved_model.save(serving, tmp, signatures={"serving_default": serving.serve})
-    if os.path.exists(output_path):
-        shutil.rmtree(output_path)
-    os.rename(tmp, output_path)
+    staged = StagedDirectory(output_path, overwrite=True)
+    try:
+        tf.saved_model.save(serving, staged.tmp_dir,
+                            signatures={"serving_default": serving.serve})
+    except BaseException:
+        staged.discard()
+        raise
+    staged.publish()
