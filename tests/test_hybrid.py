@@ -12,6 +12,7 @@ import numpy as np
 import psutil
 import pytest
 
+from conftest import require_or_skip
 from dllog import read_log
 from embedding import make_plan
 
@@ -28,7 +29,8 @@ MODEL = ["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", CAR
 TRAIN = ["--batch_size", "512", "--synthetic_dataset_train_batches", "24", "--print_freq", "1",
          "--warmup_steps", "4", "--decay_start_step", "12", "--decay_steps", "12"]
 
-pytestmark = pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="horovod not installed")
+require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}: the "
+                "hybrid-parallel tests need horovod (tools/setup_env.sh builds it)")
 
 
 def launch(np_, *args, timeout=600):
