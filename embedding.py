@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from initializers import embedding_uniform
+from initializers import embedding_uniform_chunks
 
 BYTES_PER_ELEMENT = 4  # tables are stored in float32, also under mixed precision
 
@@ -129,8 +129,12 @@ class Communicator:
     def allreduce_sum(self, tensor, name=None):
         return tensor
 
-    def allgather(self, tensor, name=None):
-        return tensor
+    def gather_to_root(self, array):
+        """Every rank's 1-D array concatenated in rank order on rank 0 (empty elsewhere)."""
+        return array
+
+    def broadcast_from_root(self, array):
+        return array
 
     def broadcast_variables(self, variables):
         pass
@@ -156,8 +160,12 @@ class EmbeddingLayer(tf.Module):
             offload = offload_threshold_bytes and rows * (c1 - c0) * BYTES_PER_ELEMENT \
                 > offload_threshold_bytes
             with tf.device("/CPU:0" if offload else None):
-                return tf.Variable(embedding_uniform(rows, plan.dim, seed, table, c0, c1),
-                                   trainable=trainable, name=name)
+                # filled in row chunks: a whole numpy copy would double peak host memory
+                var = tf.Variable(tf.zeros([rows, c1 - c0]), trainable=trainable, name=name)
+                for start, block in embedding_uniform_chunks(rows, plan.dim, seed, table, c0,
+                                                             c1):
+                    var[start:start + block.shape[0]].assign(block)
+                return var
 
         with self.name_scope:
             self.piece_variables = [
@@ -172,27 +180,31 @@ class EmbeddingLayer(tf.Module):
         return ([(p, v) for p, v in zip(self.local_pieces, self.piece_variables)]
                 + [(t, v) for t, v in self.replicated_variables.items()])
 
-    def __call__(self, categorical, local_rows):
+    def local_rows(self, global_rows):
+        """(start, stop) of this rank's rows within a global batch of `global_rows`."""
+        rank, size = self.comm.rank, self.comm.size
+        return global_rows * rank // size, global_rows * (rank + 1) // size
+
+    def __call__(self, categorical, global_rows):
         """categorical: id tensors [B_global] for self.read_tables, in that order;
-        local_rows: (start, stop) of this rank's rows within the global batch."""
+        global_rows: B_global (given, since a rank may read no ids at all)."""
         ids = dict(zip(self.read_tables, categorical))
         vectors = {}
         if self.comm.size == 1:
             for p, var in zip(self.local_pieces, self.piece_variables):
                 vectors.setdefault(p.table, []).append(tf.nn.embedding_lookup(var, ids[p.table]))
         else:
-            vectors = self._exchange(ids)
-        start, stop = local_rows
+            vectors = self._exchange(ids, global_rows)
+        start, stop = self.local_rows(global_rows)
         for t, var in self.replicated_variables.items():
             vectors[t] = [tf.nn.embedding_lookup(var, ids[t][start:stop])]
         per_table = [v[0] if len(v) == 1 else tf.concat(v, axis=1)
                      for _, v in sorted(vectors.items())]
         return tf.stack(per_table, axis=1)
 
-    def _exchange(self, ids):
+    def _exchange(self, ids, global_batch):
         """Model-parallel lookups for the global batch -> each rank's local rows (all-to-all)."""
         plan, comm = self.plan, self.comm
-        global_batch = tf.shape(ids[self.read_tables[0]])[0]
         bounds = [global_batch * r // comm.size for r in range(comm.size + 1)]
         local = [tf.nn.embedding_lookup(var, ids[p.table])
                  for p, var in zip(self.local_pieces, self.piece_variables)]
