@@ -164,7 +164,11 @@ class EmbeddingLayer(tf.Module):
                 var = tf.Variable(tf.zeros([rows, c1 - c0]), trainable=trainable, name=name)
                 for start, block in embedding_uniform_chunks(rows, plan.dim, seed, table, c0,
                                                              c1):
-                    var[start:start + block.shape[0]].assign(block)
+                    # the raw op writes in place; var[a:b].assign() first reads the variable,
+                    # and that shared buffer makes the write copy the whole table
+                    tf.raw_ops.ResourceStridedSliceAssign(
+                        ref=var.handle, begin=[start], end=[start + block.shape[0]],
+                        strides=[1], value=block)
                 return var
 
         with self.name_scope:
@@ -188,33 +192,45 @@ class EmbeddingLayer(tf.Module):
     def __call__(self, categorical, global_rows):
         """categorical: id tensors [B_global] for self.read_tables, in that order;
         global_rows: B_global (given, since a rank may read no ids at all)."""
+        return self.lookup(categorical, global_rows)[0]
+
+    def lookup(self, categorical, global_rows, tape=None):
+        """(embedded, extra gradient sources). A training step differentiates `embedded` with
+        respect to the tables and the extra sources: a rank without model-parallel pieces
+        must still send the backward all-to-all, so its (empty) all-to-all input is watched
+        on `tape` and returned as a source."""
         ids = dict(zip(self.read_tables, categorical))
-        vectors = {}
+        vectors, sources = {}, []
         if self.comm.size == 1:
             for p, var in zip(self.local_pieces, self.piece_variables):
                 vectors.setdefault(p.table, []).append(tf.nn.embedding_lookup(var, ids[p.table]))
         else:
-            vectors = self._exchange(ids, global_rows)
+            vectors, sources = self._exchange(ids, global_rows, tape)
         start, stop = self.local_rows(global_rows)
         for t, var in self.replicated_variables.items():
             vectors[t] = [tf.nn.embedding_lookup(var, ids[t][start:stop])]
         per_table = [v[0] if len(v) == 1 else tf.concat(v, axis=1)
                      for _, v in sorted(vectors.items())]
-        return tf.stack(per_table, axis=1)
+        return tf.stack(per_table, axis=1), sources
 
-    def _exchange(self, ids, global_batch):
-        """Model-parallel lookups for the global batch -> each rank's local rows (all-to-all)."""
+    def _exchange(self, ids, global_batch, tape):
+        """Model-parallel lookups for the global batch -> each rank's local rows (all-to-all);
+        also the extra gradient sources of lookup()."""
         plan, comm = self.plan, self.comm
         bounds = [global_batch * r // comm.size for r in range(comm.size + 1)]
         local = [tf.nn.embedding_lookup(var, ids[p.table])
                  for p, var in zip(self.local_pieces, self.piece_variables)]
         my_width = sum(p.width for p in self.local_pieces)
+        sources = []
         if local:
             send = tf.concat(local, axis=1)  # [B_global, my_width]
         else:
             send = tf.zeros([global_batch, 0], dtype=tf.float32)
         # rows bounds[r]:bounds[r+1] go to rank r, flattened
         send_flat = tf.reshape(send, [-1])
+        if not local and tape is not None:
+            tape.watch(send_flat)
+            sources = [send_flat]
         splits = tf.stack([(bounds[r + 1] - bounds[r]) * my_width for r in range(comm.size)])
         received = comm.alltoall(send_flat, splits)
         my_rows = bounds[comm.rank + 1] - bounds[comm.rank]
@@ -229,4 +245,4 @@ class EmbeddingLayer(tf.Module):
                 vectors.setdefault(p.table, []).append((p.col_start, block[:, col:col + p.width]))
                 col += p.width
         return {t: [v for _, v in sorted(parts, key=lambda x: x[0])]
-                for t, parts in vectors.items()}
+                for t, parts in vectors.items()}, sources

@@ -36,13 +36,19 @@ class Adam:
         self._slots = {}
         self._by_ref = {}
         for name, var in variables.items():
-            m = tf.Variable(tf.zeros_like(var), trainable=False, name=f"{var.name[:-2]}_m")
-            v = tf.Variable(tf.zeros_like(var), trainable=False, name=f"{var.name[:-2]}_v")
+            m, v = (self._slot(var, slot) for slot in self.slot_names)
             self._slots[name] = {"m": m, "v": v}
             self._by_ref[var.ref()] = (m, v)
 
     def slots(self, name: str) -> dict:
         return self._slots.get(name, {})
+
+    @staticmethod
+    def _slot(var, slot: str):
+        # next to its variable: a host-memory (offloaded) table keeps its moments in host memory
+        with tf.device(var.device):
+            return tf.Variable(tf.zeros(var.shape, var.dtype), trainable=False,
+                               name=f"{var.name[:-2]}_{slot}")
 
     def _corrected_lr(self, lr):
         t = tf.cast(self.iterations + 1, tf.float32)

@@ -68,10 +68,12 @@ class Trainer:
     def _train_step(self, numerical, categorical, label, global_rows, lr, step):
         table_vars = [var for _, var in self.table_pairs]
         with tf.GradientTape() as tape:
-            embedded = self.model.embeddings(categorical, global_rows)
+            embedded, sources = self.model.embeddings.lookup(categorical, global_rows, tape)
         loss, dense_grads, embedded_grad = self._dense_fn(numerical, embedded, label,
                                                           global_rows, self.loss_scale.scale)
-        table_grads = tape.gradient(embedded, table_vars, output_gradients=embedded_grad)
+        # the extra sources keep the backward all-to-all on a rank that holds no piece
+        table_grads = tape.gradient(embedded, table_vars + sources,
+                                    output_gradients=embedded_grad)[:len(table_vars)]
         dense_grads = [self.comm.allreduce_sum(g) for g in dense_grads]
         table_grads = [self._table_gradient(var, g) for var, g in zip(table_vars, table_grads)]
         if self.loss_scale.dynamic:
