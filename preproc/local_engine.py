@@ -49,14 +49,14 @@ def _split_block(block: bytes, path: str, offset: int) -> pa.Array:
     return lines.slice(0, len(lines) - 1)  # the empty piece after the last line end
 
 
-def read_lines(path: str, block_bytes: int = BLOCK_BYTES):
+def read_lines(path: str):
     """Yield the lines of a day file (plain or .gz) in order, as arrow string arrays of about
-    block_bytes of text each."""
+    BLOCK_BYTES of text each."""
     opener = gzip.open if path.endswith(".gz") else open
     carry, offset = b"", 0
     with opener(path, "rb") as f:
         while True:
-            chunk = f.read(block_bytes)
+            chunk = f.read(BLOCK_BYTES)
             data = carry + chunk
             if not chunk:
                 if data:  # a last line without a line end
