@@ -45,6 +45,10 @@ MAX_COUNT_VALUE = 1e300
 # pos = day * 2**LINE_BITS + line: one sortable key for (day, line position).
 LINE_BITS = 40
 
+# the last day file: its first half (by line position) and its second half
+FIRST_HALF_SPLIT = "test"
+SECOND_HALF_SPLIT = "validation"
+
 SPLIT_COLUMN = "split"
 POS_COLUMN = "pos"
 BUCKET_COLUMN = "bucket"
@@ -136,8 +140,8 @@ def with_positions(spark: SparkSession, parsed: DataFrame, deltas: list, lines_p
     rows = parsed.filter(F.col("ok")).join(F.broadcast(delta_df), ["day", "blk"])
     line = F.col("mid") + F.col("delta")
     split = (F.when(F.col("day") < test_day, F.lit("train"))
-             .when(line < F.lit(test_lines // 2), F.lit("test"))
-             .otherwise(F.lit("validation")))
+             .when(line < F.lit(test_lines // 2), F.lit(FIRST_HALF_SPLIT))
+             .otherwise(F.lit(SECOND_HALF_SPLIT)))
     bucket = F.floor((F.col("base") + line) * F.lit(max(1, buckets)) / F.lit(total))
     return rows.select(
         "day", line.alias("line"),
