@@ -89,15 +89,21 @@ def save(path: str, trainer, position: dict) -> None:
                 continue
             for slot in slots:
                 _join_pieces(tmp, plan, table, slot)
-        if os.path.exists(path):
-            old = path + ".old"
-            shutil.rmtree(old, ignore_errors=True)
-            os.rename(path, old)
-            os.rename(tmp, path)
-            shutil.rmtree(old)
-        else:
-            os.rename(tmp, path)
+        _swap_into_place(tmp, path)
     comm.barrier()
+
+
+def _swap_into_place(tmp: str, path: str) -> None:
+    """Replace the checkpoint at path by the complete one at tmp; the old one is removed only
+    after the new one is in place."""
+    if os.path.exists(path):
+        old = path + ".old"
+        shutil.rmtree(old, ignore_errors=True)
+        os.rename(path, old)
+        os.rename(tmp, path)
+        shutil.rmtree(old)
+    else:
+        os.rename(tmp, path)
 
 
 def _join_pieces(directory: str, plan, table: int, slot: str) -> None:
@@ -170,3 +176,34 @@ def _read_columns(file: str, c0: int, c1: int) -> np.ndarray:
         raise CheckpointError(f"checkpoint file missing: {file}")
     table = np.load(file, mmap_mode="r")
     return np.ascontiguousarray(table[:, c0:c1])
+
+
+# ---- whole-model checkpoints of data-parallel families (Wide & Deep, SIM) ----------------
+ARRAYS_FILE = "arrays.npz"
+
+
+def save_arrays(path: str, arrays: dict, meta: dict, comm) -> None:
+    """Rank 0 writes {name: array} and meta into path + '.tmp', then swaps it in for the
+    previous checkpoint, which stays until the new one is complete. Every rank holds the
+    same replica, so the checkpoint does not depend on the world size."""
+    path = os.path.abspath(path)
+    if comm.rank == 0:
+        tmp = path + ".tmp"
+        shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(tmp)
+        np.savez(os.path.join(tmp, ARRAYS_FILE), **arrays)
+        atomic_write_text(os.path.join(tmp, "meta.json"),
+                          json.dumps(dict(meta, format_version=FORMAT_VERSION,
+                                          saved_world_size=comm.size), indent=1))
+        _swap_into_place(tmp, path)
+    comm.barrier()
+
+
+def load_arrays(path: str) -> tuple:
+    """({name: array}, meta) of a checkpoint written by save_arrays."""
+    meta = read_meta(path)
+    file = os.path.join(path, ARRAYS_FILE)
+    if not os.path.isfile(file):
+        raise CheckpointError(f"checkpoint file missing: {file}")
+    with np.load(file) as data:
+        return {name: data[name] for name in data.files}, meta

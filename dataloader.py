@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from datasets import BatchSource, SplitBinaryReader, SyntheticSource
+from datasets import LENGTH_SUFFIX, BatchSource, SplitBinaryReader, SyntheticSource
 from embedding import PlacementPlan
 from feature_spec import FeatureSpec
 
@@ -86,3 +86,56 @@ def make_source(spec: FeatureSpec, plan: PlacementPlan, rank: int, mapping: str,
     return SplitBinaryReader(spec, mapping, batch_size, drop_last=training, rank=rank,
                              world_size=plan.world_size, categorical_indices=tables,
                              shuffle=shuffle and training, seed=seed)
+
+
+class DictPipeline:
+    """A ColumnarReader (dict batches) as a tf.data pipeline. Integer features become int64,
+    floating ones float32, the lengths of multi features int32; each element also carries
+    GLOBAL_ROWS, the number of rows of the global batch (for losses averaged over it)."""
+
+    GLOBAL_ROWS = "__global_rows"
+
+    def __init__(self, reader, label_features=(), prefetch: int = 2):
+        """label_features: integer or bool features delivered as float32 (labels)."""
+        self.reader, self.prefetch = reader, prefetch
+        sample = reader.get(0) if len(reader) else None
+        if sample is None:
+            raise ValueError(f"mapping '{reader.mapping}' has no batch of "
+                             f"{reader.batch_size} rows ({reader.num_rows} rows)")
+        self.keys = list(sample)
+        self.label_features = set(label_features)
+        self.shapes = {k: [None] + list(v.shape[1:]) for k, v in sample.items()}
+        self.read_types = [tf.as_dtype(sample[k].dtype) for k in self.keys]
+
+    def __len__(self):
+        return len(self.reader)
+
+    def _target_dtype(self, key: str, dtype: tf.DType) -> tf.DType:
+        if key in self.label_features or dtype.is_floating:
+            return tf.float32
+        return tf.int32 if key.endswith(LENGTH_SUFFIX) else tf.int64
+
+    def _read(self, index):
+        batch = self.reader.get(int(index))
+        start, stop = self.reader.batch_rows(int(index))
+        return [batch[k] for k in self.keys] + [np.int32(stop - start)]
+
+    def dataset(self, order) -> tf.data.Dataset:
+        def read(index):
+            values = tf.numpy_function(self._read, [index], self.read_types + [tf.int32],
+                                       stateful=False)
+            batch = {}
+            for key, value, dtype in zip(self.keys, values, self.read_types):
+                value = tf.cast(value, self._target_dtype(key, dtype))
+                value.set_shape(self.shapes[key])
+                batch[key] = value
+            values[-1].set_shape([])
+            batch[self.GLOBAL_ROWS] = values[-1]
+            return batch
+
+        ds = tf.data.Dataset.from_tensor_slices(np.asarray(order, dtype=np.int64))
+        ds = ds.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        return ds.prefetch(self.prefetch)
+
+    def epoch(self, epoch: int = 0, start_batch: int = 0):
+        return self.dataset(self.reader.batch_order(epoch)[start_batch:])

@@ -14,7 +14,8 @@ import tempfile
 
 import numpy as np
 
-from feature_spec import FeatureSpec, FeatureSpecError  # noqa: F401 (re-exported)
+from feature_spec import (TEST_MAPPING, TRAIN_MAPPING, FeatureSpec,  # noqa: F401
+                          FeatureSpecError)
 
 
 class DatasetError(ValueError):
@@ -285,6 +286,37 @@ class SyntheticSource(BatchSource):
                 label[lo:hi])
 
 
+class StagedDirectory:
+    """An output directory built in a temporary sibling and renamed into place by publish(),
+    so a crash never leaves half an output. A non-empty existing output is refused unless
+    overwrite=True, and then replaced only once the new one is complete."""
+
+    def __init__(self, output_dir: str, overwrite: bool = False):
+        self.output_dir = os.path.abspath(output_dir)
+        if os.path.exists(self.output_dir):
+            if not os.path.isdir(self.output_dir):
+                raise DatasetError(f"output {self.output_dir} exists and is not a directory")
+            if os.listdir(self.output_dir) and not overwrite:
+                raise DatasetError(f"output {self.output_dir} exists and is not empty; "
+                                   f"refusing to write into it (pass overwrite to replace it)")
+        parent = os.path.dirname(self.output_dir)
+        os.makedirs(parent, exist_ok=True)
+        self.tmp_dir = tempfile.mkdtemp(dir=parent,
+                                        prefix=f".{os.path.basename(self.output_dir)}.tmp-")
+
+    def publish(self) -> None:
+        if os.path.exists(self.output_dir):
+            old = self.tmp_dir + "-old"
+            os.rename(self.output_dir, old)
+            os.rename(self.tmp_dir, self.output_dir)
+            shutil.rmtree(old)
+        else:
+            os.rename(self.tmp_dir, self.output_dir)
+
+    def discard(self) -> None:
+        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+
+
 class SplitBinaryWriter:
     """Writes a new split-binary dataset with its feature_spec.yaml.
 
@@ -297,13 +329,6 @@ class SplitBinaryWriter:
     """
 
     def __init__(self, output_dir: str, spec: FeatureSpec, overwrite: bool = False):
-        self.output_dir = os.path.abspath(output_dir)
-        if os.path.exists(self.output_dir):
-            if not os.path.isdir(self.output_dir):
-                raise DatasetError(f"output {self.output_dir} exists and is not a directory")
-            if os.listdir(self.output_dir) and not overwrite:
-                raise DatasetError(f"output {self.output_dir} exists and is not empty; "
-                                   f"refusing to write into it (pass overwrite to replace it)")
         spec = spec.copy()
         spec.validate()
         for mapping in spec.mappings:
@@ -312,12 +337,9 @@ class SplitBinaryWriter:
                 if os.path.isabs(rel) or os.path.normpath(rel).split(os.sep)[0] == "..":
                     raise DatasetError(f"mapping '{mapping}': file '{rel}' would be written "
                                        f"outside the output directory; use relative paths")
-        parent = os.path.dirname(self.output_dir)
-        os.makedirs(parent, exist_ok=True)
-        self.tmp_dir = tempfile.mkdtemp(dir=parent,
-                                        prefix=f".{os.path.basename(self.output_dir)}.tmp-")
+        self._output = StagedDirectory(output_dir, overwrite)
         self.spec = spec
-        self.spec.base_directory = self.tmp_dir
+        self.spec.base_directory = self._output.tmp_dir
         self.spec.metadata.pop("rows", None)
         self.rows = {}
         self._files = {}
@@ -397,19 +419,13 @@ class SplitBinaryWriter:
                         self._file(path).close()
                 self._files = {}
                 check_mapping_files(self.spec, mapping)
-            self.spec.to_yaml(os.path.join(self.tmp_dir, "feature_spec.yaml"))
+            self.spec.to_yaml(os.path.join(self._output.tmp_dir, "feature_spec.yaml"))
         except BaseException:
             self.abort()
             raise
-        if os.path.exists(self.output_dir):
-            old = self.tmp_dir + "-old"
-            os.rename(self.output_dir, old)
-            os.rename(self.tmp_dir, self.output_dir)
-            shutil.rmtree(old)
-        else:
-            os.rename(self.tmp_dir, self.output_dir)
+        self._output.publish()
         self._done = True
-        self.spec.base_directory = self.output_dir
+        self.spec.base_directory = self._output.output_dir
         return self.spec
 
     def abort(self) -> None:
@@ -417,7 +433,7 @@ class SplitBinaryWriter:
             f.close()
         self._files = {}
         self._done = True
-        shutil.rmtree(self.tmp_dir, ignore_errors=True)
+        self._output.discard()
 
     def __enter__(self):
         return self
@@ -445,3 +461,415 @@ def open_dataset(dataset_path: str, feature_spec: str = "feature_spec.yaml") -> 
         return FeatureSpec.from_yaml(path).validate()
     except FeatureSpecError as e:
         raise FeatureSpecError(f"{path}: {e}") from None
+
+
+# ---- columnar formats (parquet, TFRecord): one dict of arrays per batch ------------------
+LENGTH_SUFFIX = "__length"
+COLUMNAR_FORMATS = ("parquet", "tfrecord")
+PARQUET_ROW_GROUP = 1 << 16  # small groups keep random (shuffled) batch reads cheap
+
+
+def length_key(feature: str) -> str:
+    """Batch key of the number of valid values per row of a multi-hot or sequence feature."""
+    return feature + LENGTH_SUFFIX
+
+
+def pad_ragged(flat: np.ndarray, lengths: np.ndarray, width: int, feature: str,
+               where: str, first_row: int = 0) -> np.ndarray:
+    """Rows given as concatenated values + per-row lengths -> [rows, width] padded with 0."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.size and lengths.max() > width:
+        row = int(np.argmax(lengths > width))
+        raise DatasetError(f"{where}: feature '{feature}' row {first_row + row} has "
+                           f"{lengths[row]} values, more than its dimensions [{width}]")
+    out = np.zeros((lengths.size, width), dtype=flat.dtype)
+    rows = np.repeat(np.arange(lengths.size), lengths)
+    starts = np.cumsum(lengths) - lengths
+    cols = np.arange(flat.size) - np.repeat(starts, lengths)
+    out[rows, cols] = flat
+    return out
+
+
+class _ChunkFiles:
+    """One chunk of a mapping: its features' rows continue from one file to the next."""
+
+    def __init__(self, spec: FeatureSpec, chunk: dict, features: list):
+        self.spec, self.features = spec, features
+        self.paths = [os.path.join(spec.base_directory, f) for f in chunk["files"]]
+        for path in self.paths:
+            if not os.path.isfile(path):
+                raise DatasetError(f"{chunk['type']} file not found: {path} (features "
+                                   f"{chunk['features']})")
+        self.file_rows = np.array(self._open(), dtype=np.int64)
+        self.file_starts = np.concatenate([[0], np.cumsum(self.file_rows)])
+        self.num_rows = int(self.file_starts[-1])
+
+    def read(self, lo: int, hi: int) -> dict:
+        """Rows [lo, hi) of the chunk as {feature: array} (+ lengths of multi features)."""
+        pieces = []
+        first = max(int(np.searchsorted(self.file_starts, lo, side="right")) - 1, 0)
+        for i in range(first, len(self.paths)):
+            start = int(self.file_starts[i])
+            if start >= hi:
+                break
+            a, b = max(lo - start, 0), min(hi, int(self.file_starts[i + 1])) - start
+            if b > a:
+                pieces.append(self._read_file(i, a, b))
+        if not pieces:
+            pieces.append(self._read_file(0, 0, 0) if self.paths else {})
+        return {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
+
+    def _to_batch(self, name: str, values, where: str, first_row: int) -> dict:
+        """values: ndarray [n] for a scalar, (flat, lengths) for a multi feature."""
+        width = self.spec.dimension(name)
+        dtype = self.spec.dtype(name)
+        if width is None:
+            return {name: np.asarray(values).astype(dtype, copy=False)}
+        flat, lengths = values
+        padded = pad_ragged(np.asarray(flat).astype(dtype, copy=False), lengths, width, name,
+                            where, first_row)
+        return {name: padded, length_key(name): np.asarray(lengths, dtype=np.int32)}
+
+
+class _ParquetChunk(_ChunkFiles):
+    def _open(self) -> list:
+        """Open every file; return their row counts."""
+        self._files, self._group_starts, self._cached = [], [], (None, None)
+        for path in self.paths:
+            self._files.append(self._open_file(path))
+            meta = self._files[-1].metadata
+            self._group_starts.append(np.concatenate(
+                [[0], np.cumsum([meta.row_group(g).num_rows
+                                 for g in range(meta.num_row_groups)])]))
+        return [f.metadata.num_rows for f in self._files]
+
+    def _open_file(self, path: str):
+        import pyarrow.parquet as pq
+        try:
+            parquet_file = pq.ParquetFile(path)
+        except Exception as e:  # pyarrow raises several types for a damaged file
+            raise DatasetError(f"{path}: not a readable parquet file ({e})") from None
+        names = set(parquet_file.schema_arrow.names)
+        missing = [f for f in self.features if f not in names]
+        if missing:
+            raise DatasetError(f"{path}: no column for feature(s) {missing} "
+                               f"(columns: {sorted(names)})")
+        return parquet_file
+
+    def _groups(self, i: int, a: int, b: int):
+        """Row groups of file i covering rows [a, b), and the first row of the first one."""
+        starts = self._group_starts[i]
+        g0 = max(int(np.searchsorted(starts, a, side="right")) - 1, 0)
+        g1 = max(int(np.searchsorted(starts, b, side="left")), g0 + 1)
+        return tuple(range(g0, min(g1, len(starts) - 1))), int(starts[g0])
+
+    def _read_file(self, i: int, a: int, b: int) -> dict:
+        groups, group_row = self._groups(i, a, b)
+        key = (i, groups)
+        if self._cached[0] != key:  # consecutive batches often share a row group
+            table = self._files[i].read_row_groups(list(groups), columns=self.features)
+            self._cached = (key, table)
+        table = self._cached[1].slice(a - group_row, b - a)
+        out = {}
+        for name in self.features:
+            column = table.column(name).combine_chunks()
+            where = f"{self.paths[i]}"
+            if column.null_count:
+                raise DatasetError(f"{where}: feature '{name}' has {column.null_count} "
+                                   f"missing value(s)")
+            if self.spec.dimension(name) is None:
+                values = column.to_numpy(zero_copy_only=False)
+            else:
+                offsets = column.offsets.to_numpy()
+                values = (column.flatten().to_numpy(zero_copy_only=False), np.diff(offsets))
+            out.update(self._to_batch(name, values, where, a))
+        return out
+
+
+def _tfrecord_offsets(path: str) -> np.ndarray:
+    """Byte offset of every record of a TFRecord file, plus the file size at the end.
+    A record is: uint64 length, uint32 crc, data, uint32 crc."""
+    offsets, size = [], os.path.getsize(path)
+    with open(path, "rb") as f:
+        position = 0
+        while position < size:
+            header = f.read(8)
+            if len(header) < 8:
+                raise DatasetError(f"{path}: truncated TFRecord header at byte {position}")
+            offsets.append(position)
+            position += 16 + int(np.frombuffer(header, dtype="<u8")[0])
+            f.seek(position)
+    if position != size:
+        raise DatasetError(f"{path}: truncated TFRecord (last record ends at byte {position}, "
+                           f"file has {size})")
+    return np.array(offsets + [size], dtype=np.int64)
+
+
+class _TFRecordChunk(_ChunkFiles):
+    def _open(self) -> list:
+        self._offsets = [_tfrecord_offsets(path) for path in self.paths]
+        return [len(o) - 1 for o in self._offsets]
+
+    def _parse_spec(self) -> dict:
+        import tensorflow as tf
+        spec = {}
+        for name in self.features:
+            dtype = tf.float32 if self.spec.dtype(name).kind == "f" else tf.int64
+            spec[name] = (tf.io.FixedLenFeature([], dtype) if self.spec.dimension(name) is None
+                          else tf.io.RaggedFeature(dtype))
+        return spec
+
+    def _read_file(self, i: int, a: int, b: int) -> dict:
+        import tensorflow as tf
+        offsets = self._offsets[i]
+        with open(self.paths[i], "rb") as f:
+            f.seek(int(offsets[a]))
+            blob = f.read(int(offsets[b] - offsets[a]))
+        local = offsets[a:b + 1] - offsets[a]
+        records = [blob[s + 12:e - 4] for s, e in zip(local[:-1], local[1:])]
+        try:
+            parsed = tf.io.parse_example(tf.constant(records, dtype=tf.string),
+                                         self._parse_spec())
+        except tf.errors.InvalidArgumentError as e:
+            raise DatasetError(f"{self.paths[i]}: records {a}..{b - 1} do not match the "
+                               f"feature spec ({e.message.splitlines()[0]})") from None
+        out = {}
+        for name in self.features:
+            value = parsed[name]
+            if self.spec.dimension(name) is not None:
+                value = (value.flat_values.numpy(), value.row_lengths().numpy())
+            else:
+                value = value.numpy()
+            out.update(self._to_batch(name, value, self.paths[i], a))
+        return out
+
+
+_CHUNK_READERS = {"parquet": _ParquetChunk, "tfrecord": _TFRecordChunk}
+
+
+class ColumnarReader(BatchSource):
+    """Batches of one mapping of a parquet or TFRecord dataset, as {feature: array}.
+
+    Sharding as the split-binary reader: batch i is the global rows [i*B, (i+1)*B), and
+    each rank gets its contiguous slice of it, so every row is read once per epoch across
+    ranks. Multi-hot and sequence features come padded with 0 to their dimensions, with
+    their lengths under length_key(name)."""
+
+    def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, rank: int = 0,
+                 world_size: int = 1, shuffle: bool = False, seed: int = 0,
+                 drop_last: bool = False, features=None):
+        if mapping not in spec.source_spec:
+            raise DatasetError(f"mapping '{mapping}' not in the feature spec "
+                               f"(has {spec.mappings})")
+        wanted = None if features is None else set(features)
+        self.spec, self.mapping, self.parts = spec, mapping, []
+        for chunk in spec.source_spec[mapping]:
+            if chunk["type"] not in _CHUNK_READERS:
+                raise DatasetError(f"mapping '{mapping}': chunk type '{chunk['type']}' is not "
+                                   f"columnar; expected one of {list(_CHUNK_READERS)}")
+            names = [f for f in chunk["features"] if wanted is None or f in wanted]
+            if names:
+                self.parts.append(_CHUNK_READERS[chunk["type"]](spec, chunk, names))
+        super().__init__(batch_size, self._check_rows(), drop_last, rank, world_size,
+                         shuffle, seed)
+
+    def _check_rows(self) -> int:
+        counts = {tuple(p.paths): p.num_rows for p in self.parts}
+        expected = _expected_rows(self.spec, self.mapping)
+        if expected is None:
+            expected = max(counts.values()) if counts else 0
+        odd = [f"{list(files)} ({n} rows)" for files, n in counts.items() if n != expected]
+        if odd:
+            raise DatasetError(f"mapping '{self.mapping}': expected {expected} rows, but "
+                               f"chunk file(s) {'; '.join(odd)}")
+        return expected
+
+    def get(self, index: int) -> dict:
+        lo, hi = self.local_rows(index)
+        batch = {}
+        for part in self.parts:
+            batch.update(part.read(lo, hi))
+        return batch
+
+
+def open_reader(spec: FeatureSpec, mapping: str, batch_size: int, **kwargs) -> ColumnarReader:
+    return ColumnarReader(spec, mapping, batch_size, **kwargs)
+
+
+def _ragged(values, width: int, name: str):
+    """A multi feature's rows -> (flat values, lengths). Accepts per-row sequences, a
+    (padded [n, d] values, lengths [n]) pair or a (flat values, lengths) pair."""
+    if isinstance(values, tuple):
+        padded, lengths = np.asarray(values[0]), np.asarray(values[1], dtype=np.int64)
+        if padded.ndim == 1:
+            if padded.size != lengths.sum():
+                raise DatasetError(f"feature '{name}': {padded.size} values for lengths "
+                                   f"summing to {lengths.sum()}")
+            return padded, lengths
+        mask = np.arange(padded.shape[1])[None, :] < lengths[:, None]
+        if lengths.size and lengths.max() > padded.shape[1]:
+            raise DatasetError(f"feature '{name}': a length exceeds the padded width "
+                               f"{padded.shape[1]}")
+        return padded[mask], lengths
+    rows = [np.asarray(r).reshape(-1) for r in values]
+    lengths = np.array([r.size for r in rows], dtype=np.int64)
+    flat = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+    return flat, lengths
+
+
+class ColumnarWriter:
+    """Writes a parquet or TFRecord dataset with its feature_spec.yaml, through a staged
+    directory (nothing appears at output_dir until close() succeeds).
+
+    write(mapping, columns) checks a block of rows against the spec and appends it as the
+    next file of the mapping (<mapping>/part_<k>.<ext>). columns: {feature: [n] array} for
+    scalar features; per-row sequences or (padded values, lengths) for features with
+    dimensions. close() fills source_spec (one chunk per mapping holding every feature) and
+    metadata.rows and returns the spec."""
+
+    def __init__(self, output_dir: str, spec: FeatureSpec, output_format: str,
+                 overwrite: bool = False):
+        if output_format not in COLUMNAR_FORMATS:
+            raise DatasetError(f"output format must be one of {list(COLUMNAR_FORMATS)}, found "
+                               f"{output_format!r}")
+        self.format, self.spec = output_format, spec.copy()
+        self.features = [f for names in self.spec.channel_spec.values() for f in names or []]
+        self._output = StagedDirectory(output_dir, overwrite)
+        self.files = {m: [] for m in self.spec.source_spec or (TRAIN_MAPPING, TEST_MAPPING)}
+        self.rows = {m: 0 for m in self.files}
+        self._done = False
+
+    def _check(self, columns: dict) -> tuple:
+        """(rows, {feature: array or (flat, lengths)}) after checking every value."""
+        missing = [f for f in self.features if f not in columns]
+        if missing:
+            raise DatasetError(f"write: no values for feature(s) {missing}")
+        checked, rows = {}, None
+        for name in self.features:
+            width = self.spec.dimension(name)
+            if width is None:
+                value = np.asarray(columns[name])
+                n, ids = value.shape[0] if value.ndim == 1 else -1, value
+            else:
+                value = _ragged(columns[name], width, name)
+                n, ids = value[1].size, value[0]
+                if n and value[1].max() > width:
+                    row = int(np.argmax(value[1] > width))
+                    raise DatasetError(f"feature '{name}': row {row} has {value[1][row]} "
+                                       f"values, more than its dimensions [{width}]")
+            if n < 0 or (rows is not None and n != rows):
+                raise DatasetError(f"feature '{name}': {n if n >= 0 else 'not 1-d'} rows, "
+                                   f"expected {rows}")
+            rows = n
+            self._check_ids(name, ids)
+            dtype = self.spec.dtype(name)
+            checked[name] = (value.astype(dtype) if width is None
+                             else (value[0].astype(dtype), value[1]))
+        return rows or 0, checked
+
+    def _check_ids(self, name: str, ids: np.ndarray) -> None:
+        card = self.spec.feature_spec[name].get("cardinality")
+        if ids.size and isinstance(card, int) and (ids.min() < 0 or ids.max() >= card):
+            raise DatasetError(f"feature '{name}': ids must lie in [0, {card}), found "
+                               f"[{ids.min()}, {ids.max()}]")
+
+    def write(self, mapping: str, columns: dict) -> None:
+        if self._done:
+            raise DatasetError("write() after close() or abort()")
+        if mapping not in self.files:
+            raise DatasetError(f"mapping '{mapping}' not in the writer's spec "
+                               f"({list(self.files)})")
+        rows, checked = self._check(columns)
+        name = f"{mapping}/part_{len(self.files[mapping]):05d}.{self.format}"
+        path = os.path.join(self._output.tmp_dir, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        (self._write_parquet if self.format == "parquet" else self._write_tfrecord)(
+            path, rows, checked)
+        self.files[mapping].append(name)
+        self.rows[mapping] += rows
+
+    def _write_parquet(self, path: str, rows: int, columns: dict) -> None:
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+        arrays = {}
+        for name, value in columns.items():
+            if isinstance(value, tuple):
+                offsets = np.concatenate([[0], np.cumsum(value[1])]).astype(np.int32)
+                arrays[name] = pa.ListArray.from_arrays(
+                    pa.array(offsets), pa.array(value[0]))
+            else:
+                arrays[name] = pa.array(value)
+        pq.write_table(pa.table(arrays), path, row_group_size=PARQUET_ROW_GROUP)
+
+    def _write_tfrecord(self, path: str, rows: int, columns: dict) -> None:
+        import tensorflow as tf
+        lists = {}
+        for name, value in columns.items():
+            if isinstance(value, tuple):
+                bounds = np.concatenate([[0], np.cumsum(value[1])])
+                lists[name] = [value[0][a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
+            else:
+                lists[name] = [[v] for v in value.tolist()]
+        kinds = {name: self.spec.dtype(name).kind == "f" for name in columns}
+        with tf.io.TFRecordWriter(path) as out:
+            for row in range(rows):
+                feature = {name: (tf.train.Feature(float_list=tf.train.FloatList(value=v[row]))
+                                  if kinds[name] else
+                                  tf.train.Feature(int64_list=tf.train.Int64List(value=v[row])))
+                           for name, v in lists.items()}
+                out.write(tf.train.Example(features=tf.train.Features(feature=feature))
+                          .SerializeToString())
+
+    def close(self) -> FeatureSpec:
+        if self._done:
+            raise DatasetError("close() called twice, or after abort()")
+        try:
+            for mapping, files in self.files.items():
+                if not files:  # an empty mapping still gets a (row-less) file
+                    self.write(mapping, {f: ([] if self.spec.dimension(f) else np.zeros(0))
+                                         for f in self.features})
+            self.spec.source_spec = {m: [{"type": self.format, "features": list(self.features),
+                                          "files": list(files)}]
+                                     for m, files in self.files.items()}
+            self.spec.metadata = dict(self.spec.metadata, rows=dict(self.rows))
+            self.spec.to_yaml(os.path.join(self._output.tmp_dir, "feature_spec.yaml"))
+        except BaseException:
+            self.abort()
+            raise
+        self._output.publish()
+        self._done = True
+        self.spec.base_directory = self._output.output_dir
+        return self.spec
+
+    def abort(self) -> None:
+        self._done = True
+        self._output.discard()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+
+def write_columns(output_dir: str, spec: FeatureSpec, mappings: dict, output_format: str,
+                  rows_per_file: int = 1_000_000, overwrite: bool = False) -> FeatureSpec:
+    """Write {mapping: columns} in one go, rows_per_file rows per file part."""
+    writer = ColumnarWriter(output_dir, spec, output_format, overwrite)
+    with writer:
+        for mapping, columns in mappings.items():
+            rows = writer._check(columns)[0]
+            for start in range(0, rows, rows_per_file):
+                writer.write(mapping, {name: _take_rows(value, start, start + rows_per_file)
+                                       for name, value in columns.items()})
+    return writer.spec
+
+
+def _take_rows(value, start: int, stop: int):
+    if isinstance(value, tuple):
+        return value[0][start:stop], value[1][start:stop]
+    return value[start:stop]

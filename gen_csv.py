@@ -5,9 +5,9 @@
 
 For every mapping of SPEC's source_spec, --size rows are written: each chunk's features as
 header-less comma-separated columns in chunk order, its rows split evenly over the chunk's
-files. Categorical columns hold uniform random ids in [0, cardinality) (cardinality `auto`
-uses --auto_cardinality), numerical columns random non-negative floats, and the label real
-0/1 values. DIR/feature_spec.yaml repeats SPEC with every chunk typed `csv` (a chunk of
+files. Integer columns hold uniform random ids in [0, cardinality) (cardinality `auto` or
+none uses --auto_cardinality), numerical (float) columns random non-negative floats, and the
+label real 0/1 values. A feature with `dimensions: [d]` gets 0..d ids per row joined by `|`. DIR/feature_spec.yaml repeats SPEC with every chunk typed `csv` (a chunk of
 another type is renamed <file>.csv), ready for transcode.py. The output goes through a
 temporary directory; a non-empty DIR is refused unless --overwrite.
 """
@@ -23,8 +23,8 @@ import numpy as np
 import pandas as pd
 
 from datasets import DatasetError
-from feature_spec import DEFAULT_FILENAME, FeatureSpecError
-from transcode import AUTO, CSV, load_csv_spec
+from feature_spec import CHUNK_TYPES, DEFAULT_FILENAME, FeatureSpecError
+from transcode import AUTO, CSV, SEPARATOR, is_float_feature, load_csv_spec
 
 
 def parse_args(argv=None):
@@ -32,7 +32,7 @@ def parse_args(argv=None):
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--feature_spec_in", required=True,
                    help="yaml describing the features, channels and file layout to imitate "
-                        "(csv or split_binary chunks)")
+                        "(chunks of any type)")
     p.add_argument("--output", required=True,
                    help="directory to write the CSV files and feature_spec.yaml into")
     p.add_argument("--size", type=int, default=100_000,
@@ -57,20 +57,27 @@ def _as_csv_spec(spec):
 
 
 def _column(rng, spec, name, rows, auto_cardinality):
-    if name in spec.categorical_features:
-        card = (spec.feature_spec[name] or {}).get("cardinality", AUTO)
-        card = auto_cardinality if card == AUTO else int(card)
-        return rng.integers(0, card, rows)
     if name == spec.label_feature:
         return (rng.random(rows) < 0.3).astype(np.int64)
-    return rng.exponential(2.0, rows)
+    if is_float_feature(spec, name):
+        return rng.exponential(2.0, rows)
+    card = (spec.feature_spec[name] or {}).get("cardinality", AUTO)
+    card = auto_cardinality if card == AUTO else int(card)
+    width = spec.dimension(name) if (spec.feature_spec[name] or {}).get("dimensions") else None
+    if width is None:
+        return rng.integers(0, card, rows)
+    lengths = rng.integers(0, width + 1, rows)
+    ids = rng.integers(0, card, int(lengths.sum())).astype(str)
+    bounds = np.concatenate([[0], np.cumsum(lengths)])
+    return np.array([SEPARATOR.join(ids[a:b]) for a, b in zip(bounds[:-1], bounds[1:])],
+                    dtype=object)
 
 
 def generate(spec_in: str, output: str, size: int, seed: int = 0,
              auto_cardinality: int = 1000, overwrite: bool = False):
     if size < 0:
         raise DatasetError(f"--size must be >= 0, found {size}")
-    spec = load_csv_spec(spec_in, chunk_types=(CSV, "split_binary"))
+    spec = load_csv_spec(spec_in, chunk_types=CHUNK_TYPES)
     spec = _as_csv_spec(spec)
     output = os.path.abspath(output)
     if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)) \

@@ -1,22 +1,34 @@
 #!/usr/bin/env python3
-"""Convert a CSV dataset described by a feature spec into the split-binary format.
+"""Convert a CSV dataset described by a feature spec into a format a model reads.
 
-    python transcode.py --input DIR --output OUT [--chunk_size 1000000] [--overwrite]
+    python transcode.py --input DIR --output OUT [--output_format split_binary|parquet|tfrecord]
+                        [--chunk_size 1000000] [--overwrite]
 
 DIR/feature_spec.yaml describes header-less CSV files (chunk type `csv`): each chunk lists
 its features in column order and its files in row order (rows 0..i-1 in the first file, the
 next rows in the next one, ...); a chunk may hold several features of any channels, and
-different chunks may split their rows over files differently. Channels are categorical,
-numerical and label; the mappings train and test are required, validation is optional.
-Categorical values must be integers in [0, cardinality); a cardinality of `auto` (or none)
-is inferred as the largest id in any mapping + 1. Labels must be 0 or 1. Dtypes in the input
-spec are optional: categorical features get the narrowest integer type holding their
-cardinality (or the given integer dtype if it fits), numerical features float16 (float32 if
-the spec says so), the label bool (int8 if the spec says so).
+different chunks may split their rows over files differently. The mappings train and test
+are required, validation is optional. Channels are those of the model family that will read
+the output (DLRM: categorical, numerical, label; Wide & Deep and SIM: see their READMEs);
+the channel `label` holds one feature whose values must be 0 or 1.
 
-OUT receives the default split-binary layout (<mapping>/numerical.bin, label.bin,
-cat_<i>.bin) and a generated feature_spec.yaml, written through a temporary directory so a
-failure leaves no half dataset. A non-empty OUT is refused unless --overwrite.
+Categorical features (those of the channel `categorical` and every feature with a
+`cardinality`) hold integer ids in [0, cardinality); a cardinality of `auto` (or none in the
+channel `categorical`) is inferred as the largest id in any mapping + 1. A feature with
+`dimensions: [d]` (multi-hot or sequence) holds up to d integers in one field separated by
+`|` (an empty field: no values); more than d is an error naming the row and feature.
+Features of the channel `numerical` (or with a float dtype) are floats; others integers.
+Dtypes in the input spec are optional: categorical features get the narrowest integer type
+holding their cardinality (or the given integer dtype if it fits), numerical features
+float16 in split binary and float32 otherwise (or the given float dtype), the label bool in
+split binary and int8 otherwise (or the given dtype).
+
+--output_format split_binary (default) writes the DLRM layout (<mapping>/numerical.bin,
+label.bin, cat_<i>.bin); parquet and tfrecord write <mapping>/part_<k> files of up to
+--chunk_size rows (one column / Example feature per spec feature, lists for multi-valued
+ones). A generated feature_spec.yaml goes with them; everything is written through a
+temporary directory so a failure leaves no half dataset. A non-empty OUT is refused unless
+--overwrite.
 """
 from __future__ import annotations
 
@@ -28,22 +40,23 @@ import time
 import numpy as np
 import pandas as pd
 
-from datasets import DatasetError, SplitBinaryWriter
-from feature_spec import (CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES, CHANNELS, DEFAULT_FILENAME,
-                          KNOWN_MAPPINGS, LABEL_CHANNEL, LABEL_DTYPES, NUMERICAL_DTYPES,
-                          FeatureSpec, FeatureSpecError,
-                          allowed_dtype, check_mapping_names, narrowest_int_dtype,
-                          read_spec_yaml)
+from datasets import COLUMNAR_FORMATS, ColumnarWriter, DatasetError, SplitBinaryWriter
+from feature_spec import (AUTO_CARDINALITY, CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES,
+                          COLUMNAR_LABEL_DTYPES, CSV, DEFAULT_FILENAME, KNOWN_MAPPINGS,
+                          LABEL_CHANNEL, LABEL_DTYPES, NUMERICAL_CHANNEL, NUMERICAL_DTYPES,
+                          SPLIT_BINARY, FeatureSpec, FeatureSpecError, allowed_dtype,
+                          check_mapping_names, narrowest_int_dtype, read_spec_yaml)
 
-CSV = "csv"
-AUTO = "auto"
+AUTO = AUTO_CARDINALITY
+SEPARATOR = "|"  # between the values of a multi-hot or sequence field
+OUTPUT_FORMATS = (SPLIT_BINARY,) + COLUMNAR_FORMATS
 
 
 def load_csv_spec(path: str, chunk_types=(CSV,)) -> FeatureSpec:
     """Load and check a spec describing CSV files (one-line FeatureSpecError otherwise).
 
     Unlike FeatureSpec.validate this allows several files per chunk, several features (of any
-    channel) per chunk, missing dtypes and cardinality `auto`."""
+    channel) per chunk, any model family's channels, missing dtypes and cardinality `auto`."""
     raw = read_spec_yaml(path)
     fs = raw.get("feature_spec") or {}
     ss = raw.get("source_spec") or {}
@@ -51,12 +64,23 @@ def load_csv_spec(path: str, chunk_types=(CSV,)) -> FeatureSpec:
     if not isinstance(fs, dict) or not isinstance(ss, dict) or not isinstance(cs, dict):
         raise FeatureSpecError(f"{path}: feature_spec, source_spec and channel_spec must be "
                                f"mappings")
-    if set(cs) != set(CHANNELS):
-        raise FeatureSpecError(f"{path}: channel_spec: expected exactly the channels "
-                               f"{list(CHANNELS)}, found {sorted(cs)}")
+    channel_of = _check_csv_channels(path, fs, cs)
+    check_mapping_names(ss, f"{path}: ")
+    for mapping, chunks in ss.items():
+        _check_csv_mapping(path, mapping, chunks, channel_of, chunk_types)
+    return FeatureSpec(feature_spec=fs, source_spec=ss, channel_spec=cs,
+                       metadata=raw.get("metadata") or {},
+                       base_directory=os.path.dirname(os.path.abspath(path)))
+
+
+def _check_csv_channels(path: str, fs: dict, cs: dict) -> dict:
+    """{feature: channel} after checking channels, cardinalities and dimensions."""
+    if LABEL_CHANNEL not in cs:
+        raise FeatureSpecError(f"{path}: channel_spec: channel 'label' is required, found "
+                               f"{sorted(cs)}")
     channel_of = {}
-    for channel in CHANNELS:
-        for name in cs[channel] or []:
+    for channel, names in cs.items():
+        for name in names or []:
             if name in channel_of:
                 raise FeatureSpecError(f"{path}: feature '{name}' appears in channels "
                                        f"'{channel_of[name]}' and '{channel}'")
@@ -67,43 +91,61 @@ def load_csv_spec(path: str, chunk_types=(CSV,)) -> FeatureSpec:
     if len(cs[LABEL_CHANNEL] or []) != 1:
         raise FeatureSpecError(f"{path}: channel 'label' must hold exactly one feature, "
                                f"found {cs[LABEL_CHANNEL]}")
-    for name in cs[CATEGORICAL_CHANNEL] or []:
-        card = (fs[name] or {}).get("cardinality", AUTO)
+    for name in channel_of:
+        props = fs[name] or {}
+        card = props.get("cardinality", AUTO)
         if card != AUTO and (isinstance(card, bool) or not isinstance(card, int) or card < 1):
             raise FeatureSpecError(f"{path}: feature '{name}': cardinality must be a positive "
                                    f"integer or 'auto', found {card!r}")
-    check_mapping_names(ss, f"{path}: ")
-    for mapping, chunks in ss.items():
-        if not isinstance(chunks, list) or not chunks:
-            raise FeatureSpecError(f"{path}: mapping '{mapping}' must be a non-empty list of "
-                                   f"chunks")
-        seen = set()
-        for index, chunk in enumerate(chunks):
-            where = f"{path}: mapping '{mapping}' chunk {index}"
-            if not isinstance(chunk, dict) or chunk.get("type") not in chunk_types:
-                found = chunk.get("type") if isinstance(chunk, dict) else chunk
-                raise FeatureSpecError(f"{where}: type must be one of {list(chunk_types)}, "
-                                       f"found {found!r}")
-            files, features = chunk.get("files"), chunk.get("features")
-            if not isinstance(files, list) or not files or \
-                    not all(isinstance(f, str) and f for f in files):
-                raise FeatureSpecError(f"{where}: files must be a non-empty list of names, "
-                                       f"found {files!r}")
-            if not isinstance(features, list) or not features:
-                raise FeatureSpecError(f"{where}: features must be a non-empty list")
-            for name in features:
-                if name not in channel_of:
-                    raise FeatureSpecError(f"{where}: feature {name!r} belongs to no channel")
-                if name in seen:
-                    raise FeatureSpecError(f"{where}: feature '{name}' appears twice in "
-                                           f"mapping '{mapping}'")
-                seen.add(name)
-        missing = [n for n in channel_of if n not in seen]
-        if missing:
-            raise FeatureSpecError(f"{path}: mapping '{mapping}' lacks feature(s) {missing}")
-    return FeatureSpec(feature_spec=fs, source_spec=ss, channel_spec=cs,
-                       metadata=raw.get("metadata") or {},
-                       base_directory=os.path.dirname(os.path.abspath(path)))
+        dims = props.get("dimensions")
+        if dims is not None and not (isinstance(dims, list) and len(dims) == 1
+                                     and isinstance(dims[0], int) and dims[0] >= 1):
+            raise FeatureSpecError(f"{path}: feature '{name}': dimensions must be a list of "
+                                   f"one positive integer, found {dims!r}")
+    return channel_of
+
+
+def _check_csv_mapping(path, mapping, chunks, channel_of, chunk_types) -> None:
+    if not isinstance(chunks, list) or not chunks:
+        raise FeatureSpecError(f"{path}: mapping '{mapping}' must be a non-empty list of "
+                               f"chunks")
+    seen = set()
+    for index, chunk in enumerate(chunks):
+        where = f"{path}: mapping '{mapping}' chunk {index}"
+        if not isinstance(chunk, dict) or chunk.get("type") not in chunk_types:
+            found = chunk.get("type") if isinstance(chunk, dict) else chunk
+            raise FeatureSpecError(f"{where}: type must be one of {list(chunk_types)}, "
+                                   f"found {found!r}")
+        files, features = chunk.get("files"), chunk.get("features")
+        if not isinstance(files, list) or not files or \
+                not all(isinstance(f, str) and f for f in files):
+            raise FeatureSpecError(f"{where}: files must be a non-empty list of names, "
+                                   f"found {files!r}")
+        if not isinstance(features, list) or not features:
+            raise FeatureSpecError(f"{where}: features must be a non-empty list")
+        for name in features:
+            if name not in channel_of:
+                raise FeatureSpecError(f"{where}: feature {name!r} belongs to no channel")
+            if name in seen:
+                raise FeatureSpecError(f"{where}: feature '{name}' appears twice in "
+                                       f"mapping '{mapping}'")
+            seen.add(name)
+    missing = [n for n in channel_of if n not in seen]
+    if missing:
+        raise FeatureSpecError(f"{path}: mapping '{mapping}' lacks feature(s) {missing}")
+
+
+def categorical_features(spec: FeatureSpec) -> list:
+    """Features holding ids below a cardinality: the DLRM channel, and any with one."""
+    return [n for names in spec.channel_spec.values() for n in names or []
+            if n in spec.channel(CATEGORICAL_CHANNEL)
+            or "cardinality" in (spec.feature_spec[n] or {})]
+
+
+def is_float_feature(spec: FeatureSpec, name: str) -> bool:
+    dtype = (spec.feature_spec[name] or {}).get("dtype")
+    return name in spec.channel(NUMERICAL_CHANNEL) or \
+        (dtype is not None and np.dtype(dtype).kind == "f")
 
 
 class _ChunkRows:
@@ -113,6 +155,10 @@ class _ChunkRows:
                  usecols=None):
         self.features = list(chunk["features"])
         self.paths = [os.path.join(spec.base_directory, f) for f in chunk["files"]]
+        self.where = ", ".join(chunk["files"])
+        self.widths = {f: spec.dimension(f) for f in self.features
+                       if (spec.feature_spec[f] or {}).get("dimensions")}
+        self.rows_taken = 0
         self.dtypes, self.chunk_size = dtypes, chunk_size
         self.usecols = usecols
         self._frames = self._read()
@@ -151,7 +197,8 @@ class _ChunkRows:
             except StopIteration:
                 self.exhausted = True
                 break
-            bad = frame.columns[frame.isna().any()].tolist()
+            single = frame.drop(columns=[c for c in frame.columns if c in self.widths])
+            bad = single.columns[single.isna().any()].tolist()
             if bad:
                 raise DatasetError(f"{path}: missing or non-numeric values in column(s) {bad}")
             self._pending.append(frame)
@@ -162,7 +209,28 @@ class _ChunkRows:
         head, tail = frame.iloc[:n], frame.iloc[n:]
         self._pending = [tail] if len(tail) else []
         self._pending_rows = len(tail)
-        return {c: head[c].to_numpy() for c in head.columns}, len(head)
+        block = {c: (self._split_values(c, head[c]) if c in self.widths else head[c].to_numpy())
+                 for c in head.columns}
+        self.rows_taken += len(head)
+        return block, len(head)
+
+    def _split_values(self, name: str, column: pd.Series) -> tuple:
+        """'3|17|4' fields -> (flat int64 values, lengths); an empty field has no values."""
+        texts = column.fillna("").astype(str).to_numpy()
+        lengths = np.array([t.count(SEPARATOR) + 1 if t else 0 for t in texts], dtype=np.int64)
+        too_long = np.flatnonzero(lengths > self.widths[name])
+        if too_long.size:
+            row = int(too_long[0])
+            raise DatasetError(f"{self.where}: feature '{name}' has {lengths[row]} values in "
+                               f"row {self.rows_taken + row} of the mapping, more than its "
+                               f"dimensions [{self.widths[name]}]")
+        joined = SEPARATOR.join(t for t in texts if t)
+        try:
+            flat = np.array(joined.split(SEPARATOR) if joined else [], dtype=np.int64)
+        except ValueError:
+            raise DatasetError(f"{self.where}: feature '{name}': fields must hold integers "
+                               f"separated by '{SEPARATOR}'") from None
+        return flat, lengths
 
 
 def _files_of(spec: FeatureSpec, mapping: str, feature: str) -> str:
@@ -173,8 +241,12 @@ def _files_of(spec: FeatureSpec, mapping: str, feature: str) -> str:
 
 
 def _column_dtypes(spec: FeatureSpec) -> dict:
-    dtypes = {n: "int64" for n in spec.categorical_features}
-    dtypes.update({n: "float64" for n in spec.numerical_features})
+    dtypes = {}
+    for name in (n for names in spec.channel_spec.values() for n in names or []):
+        if (spec.feature_spec[name] or {}).get("dimensions"):
+            dtypes[name] = "str"
+        else:
+            dtypes[name] = "float64" if is_float_feature(spec, name) else "int64"
     dtypes[spec.label_feature] = "float64"
     return dtypes
 
@@ -208,7 +280,7 @@ def _mapping_rows(spec: FeatureSpec, mapping: str, chunk_size: int, features=Non
 
 def infer_cardinalities(spec: FeatureSpec, chunk_size: int) -> dict:
     """Largest id + 1 over all mappings, for categorical features whose cardinality is auto."""
-    auto = [n for n in spec.categorical_features
+    auto = [n for n in categorical_features(spec)
             if (spec.feature_spec[n] or {}).get("cardinality", AUTO) == AUTO]
     if not auto:
         return {}
@@ -216,8 +288,18 @@ def infer_cardinalities(spec: FeatureSpec, chunk_size: int) -> dict:
     for mapping in spec.mappings:
         for block, _ in _mapping_rows(spec, mapping, chunk_size, features=set(auto)):
             for n in auto:
-                largest[n] = max(largest[n], int(block[n].max()))
+                ids = block[n][0] if isinstance(block[n], tuple) else block[n]
+                if ids.size:
+                    largest[n] = max(largest[n], int(ids.max()))
     return {n: max(v + 1, 1) for n, v in largest.items()}
+
+
+def _categorical_dtype(props: dict, cardinality: int) -> str:
+    """The spec's integer dtype if it holds the ids, else the narrowest one that does."""
+    dtype = allowed_dtype(props.get("dtype"), CATEGORICAL_DTYPES)
+    if dtype is None or cardinality - 1 > np.iinfo(dtype).max:
+        dtype = narrowest_int_dtype(cardinality)
+    return dtype
 
 
 def output_spec(spec: FeatureSpec, cardinalities: dict) -> FeatureSpec:
@@ -225,12 +307,9 @@ def output_spec(spec: FeatureSpec, cardinalities: dict) -> FeatureSpec:
     cards, cat_dtypes = [], []
     for name in spec.categorical_features:
         props = fs[name] or {}
-        card = cardinalities.get(name, props.get("cardinality"))
-        dtype = allowed_dtype(props.get("dtype"), CATEGORICAL_DTYPES)
-        if dtype is None or card - 1 > np.iinfo(dtype).max:
-            dtype = narrowest_int_dtype(card)
-        cards.append(int(card))
-        cat_dtypes.append(dtype)
+        card = int(cardinalities.get(name, props.get("cardinality")))
+        cards.append(card)
+        cat_dtypes.append(_categorical_dtype(props, card))
     num_dtypes = {allowed_dtype((fs[n] or {}).get("dtype"), NUMERICAL_DTYPES)
                   for n in spec.numerical_features}
     num_dtype = "float32" if num_dtypes == {"float32"} else "float16"
@@ -246,9 +325,68 @@ def output_spec(spec: FeatureSpec, cardinalities: dict) -> FeatureSpec:
     return out.validate()
 
 
+def columnar_output_spec(spec: FeatureSpec, cardinalities: dict) -> FeatureSpec:
+    """The input spec with dtypes and cardinalities settled (source_spec: the writer's)."""
+    fs = {}
+    categorical = set(categorical_features(spec))
+    for name in (n for names in spec.channel_spec.values() for n in names or []):
+        props = dict(spec.feature_spec[name] or {})
+        if name in categorical:
+            props["cardinality"] = int(cardinalities.get(name, props.get("cardinality")))
+            dtype = _categorical_dtype(props, props["cardinality"])
+        elif name == spec.label_feature:
+            dtype = allowed_dtype(props.get("dtype"), COLUMNAR_LABEL_DTYPES) or "int8"
+        elif is_float_feature(spec, name):
+            dtype = allowed_dtype(props.get("dtype"), NUMERICAL_DTYPES) or "float32"
+        else:
+            dtype = allowed_dtype(props.get("dtype"), CATEGORICAL_DTYPES) or "int64"
+        props["dtype"] = dtype
+        fs[name] = props
+    mappings = {m: [] for m in KNOWN_MAPPINGS if m in spec.source_spec}
+    return FeatureSpec(fs, mappings, spec.to_dict()["channel_spec"], {})
+
+
+def _check_labels(spec: FeatureSpec, mapping: str, labels: np.ndarray, first_row: int):
+    ok = np.isin(labels, (0, 1))
+    if not ok.all():
+        bad = int(np.argmin(ok))
+        label = spec.label_feature
+        raise DatasetError(f"mapping '{mapping}' ({_files_of(spec, mapping, label)}): label "
+                           f"'{label}' must be 0 or 1, found {labels[bad]:g} in row "
+                           f"{first_row + bad} of the mapping")
+
+
+def _write_split_binary(writer, spec: FeatureSpec, mapping: str, block: dict, n: int):
+    numerical = (np.stack([block[f] for f in spec.numerical_features], axis=1)
+                 if spec.numerical_features else np.zeros((n, 0)))
+    writer.write(mapping, numerical, [block[f] for f in spec.categorical_features],
+                 block[spec.label_feature])
+
+
+def _write_columnar(writer, spec: FeatureSpec, mapping: str, block: dict, n: int):
+    writer.write(mapping, block)
+
+
+def _open_writer(spec: FeatureSpec, inferred: dict, output_dir: str, output_format: str,
+                 overwrite: bool):
+    if output_format == SPLIT_BINARY:
+        multi = [n for n in spec.feature_spec if (spec.feature_spec[n] or {}).get("dimensions")]
+        if multi:
+            raise FeatureSpecError(f"split_binary holds one value per row and feature; "
+                                   f"feature(s) {multi} have dimensions (use --output_format "
+                                   f"parquet or tfrecord)")
+        return SplitBinaryWriter(output_dir, output_spec(spec, inferred), overwrite), \
+            _write_split_binary
+    if output_format not in COLUMNAR_FORMATS:
+        raise DatasetError(f"--output_format must be one of {list(OUTPUT_FORMATS)}, found "
+                           f"{output_format!r}")
+    return ColumnarWriter(output_dir, columnar_output_spec(spec, inferred), output_format,
+                          overwrite), _write_columnar
+
+
 def transcode(input_dir: str, output_dir: str, chunk_size: int = 1_000_000,
               overwrite: bool = False, feature_spec: str = DEFAULT_FILENAME,
-              quiet: bool = True) -> FeatureSpec:
+              quiet: bool = True, output_format: str = SPLIT_BINARY) -> FeatureSpec:
     if chunk_size < 1:
         raise DatasetError(f"chunk_size must be positive, found {chunk_size}")
     spec = load_csv_spec(os.path.join(input_dir, feature_spec))
@@ -257,27 +395,16 @@ def transcode(input_dir: str, output_dir: str, chunk_size: int = 1_000_000,
     if inferred and not quiet:
         print(f"inferred cardinalities {inferred} ({time.perf_counter() - t0:.1f} s)",
               flush=True)
-    out_spec = output_spec(spec, inferred)
-    label = spec.label_feature
-    with SplitBinaryWriter(output_dir, out_spec, overwrite=overwrite) as writer:
-        for mapping in out_spec.mappings:
+    writer, write_block = _open_writer(spec, inferred, output_dir, output_format, overwrite)
+    with writer:
+        for mapping in spec.mappings:
             rows = 0
             for block, n in _mapping_rows(spec, mapping, chunk_size):
-                labels = block[label]
-                ok = np.isin(labels, (0, 1))
-                if not ok.all():
-                    first = int(np.argmin(ok))
-                    raise DatasetError(f"mapping '{mapping}' ({_files_of(spec, mapping, label)})"
-                                       f": label '{label}' must be 0 or 1, found "
-                                       f"{labels[first]:g} in row {rows + first} of the mapping")
-                numerical = (np.stack([block[f] for f in spec.numerical_features], axis=1)
-                             if spec.numerical_features else np.zeros((n, 0)))
+                _check_labels(spec, mapping, block[spec.label_feature], rows)
                 try:
-                    writer.write(mapping, numerical,
-                                 [block[f] for f in spec.categorical_features], labels)
+                    write_block(writer, spec, mapping, block, n)
                 except DatasetError as e:
-                    culprit = next((f for f in spec.categorical_features if f"'{f}'" in str(e)),
-                                   None)
+                    culprit = next((f for f in spec.feature_spec if f"'{f}'" in str(e)), None)
                     where = f" ({_files_of(spec, mapping, culprit)})" if culprit else ""
                     raise DatasetError(f"mapping '{mapping}'{where} rows {rows}..{rows + n - 1}"
                                        f": {e}") from None
@@ -295,9 +422,12 @@ def parse_args(argv=None):
     p.add_argument("--output", required=True,
                    help="output directory for the split-binary dataset (missing or empty "
                         "unless --overwrite)")
+    p.add_argument("--output_format", choices=OUTPUT_FORMATS, default=SPLIT_BINARY,
+                   help="split_binary (DLRM, default), parquet (Wide & Deep) or tfrecord "
+                        "(SIM)")
     p.add_argument("--chunk_size", type=int, default=1_000_000,
-                   help="rows read and written at a time; higher is faster but needs more "
-                        "memory (default 1,000,000)")
+                   help="rows read and written at a time (and rows per parquet/tfrecord "
+                        "file); higher is faster but needs more memory (default 1,000,000)")
     p.add_argument("--feature_spec", default=DEFAULT_FILENAME,
                    help="spec file name inside --input (default feature_spec.yaml)")
     p.add_argument("--overwrite", action="store_true",
@@ -306,18 +436,22 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
+def _cardinalities(spec: FeatureSpec) -> dict:
+    return {n: p["cardinality"] for n, p in spec.feature_spec.items() if "cardinality" in p}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
     try:
         spec = transcode(args.input, args.output, args.chunk_size, args.overwrite,
-                         args.feature_spec, quiet=args.quiet)
+                         args.feature_spec, quiet=args.quiet, output_format=args.output_format)
     except (FeatureSpecError, DatasetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     rows = spec.metadata.get("rows", {})
     print(f"wrote {args.output}: " + ", ".join(f"{m} {n:,} rows" for m, n in rows.items()) +
-          f"; cardinalities {spec.cardinalities} ({time.perf_counter() - t0:.1f} s)")
+          f"; cardinalities {_cardinalities(spec)} ({time.perf_counter() - t0:.1f} s)")
     return 0
 
 

@@ -1,0 +1,32 @@
+"""Data-parallel plumbing for families whose every rank holds the whole model (Wide & Deep,
+SIM): gradient sums across ranks and gathering evaluation rows.
+
+Convention that makes N processes take the same step as one process with the same global
+batch: each rank's loss is sum(per-row loss over its rows) / rows in the global batch, so the
+sum of the ranks' gradients is the gradient of the global mean loss.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+
+def sum_gradients(comm, grads: list) -> list:
+    """Sum each gradient over the ranks. Dense tensors are allreduced; tf.IndexedSlices
+    (table rows) are gathered, never densified, so a table is never copied."""
+    if comm.size == 1:
+        return list(grads)
+    return [None if g is None else comm.allreduce_sum(g) for g in grads]
+
+
+def gather_to_root(comm, array: np.ndarray):
+    """Every rank's rows concatenated in rank order on rank 0 (None elsewhere)."""
+    if comm.size == 1:
+        return np.asarray(array)
+    gathered = comm.allgather(tf.convert_to_tensor(array))
+    return np.asarray(gathered) if comm.rank == 0 else None
+
+
+def local_loss_scale(global_rows) -> tf.Tensor:
+    """Factor turning a rank's summed per-row loss into its share of the global mean."""
+    return 1.0 / tf.cast(tf.maximum(global_rows, 1), tf.float32)
