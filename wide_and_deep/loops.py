@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from data_parallel import allgather_rows
+from data_parallel import gather_to_root
 from metrics import log_loss, mean_average_precision_at_k, roc_auc
 from progress import Progress
 
@@ -15,7 +15,7 @@ MAP_AT = 12
 
 def evaluate(trainer, pipe, label: str, display: str = None) -> dict:
     """Log loss, AUC and (when `display` names the map feature) MAP@12 over every test row,
-    gathered from all ranks."""
+    gathered on rank 0 (other ranks return {})."""
     scores, labels, groups = [], [], []
     for batch in pipe.epoch():
         scores.append(trainer.predict(batch))
@@ -23,12 +23,14 @@ def evaluate(trainer, pipe, label: str, display: str = None) -> dict:
         if display:
             groups.append(batch[display].numpy())
     comm = trainer.comm
-    scores = allgather_rows(comm, np.concatenate(scores).astype(np.float64))
-    labels = allgather_rows(comm, np.concatenate(labels).astype(np.float64))
+    scores = gather_to_root(comm, np.concatenate(scores).astype(np.float64))
+    labels = gather_to_root(comm, np.concatenate(labels).astype(np.float64))
+    groups = gather_to_root(comm, np.concatenate(groups)) if display else None
+    if comm.rank != 0:
+        return {}
     out = {"eval_loss": log_loss(labels, scores), "auc": roc_auc(labels, scores),
            "eval_samples": int(labels.size)}
     if display:
-        groups = allgather_rows(comm, np.concatenate(groups))
         out["map12"] = mean_average_precision_at_k(groups, labels, scores, MAP_AT)
     return out
 

@@ -51,12 +51,13 @@ class Run:
                     for f in self.spec.channel(c)]
         if mapping == "test" and self.display:
             features.append(self.display)
-        reader = open_reader(self.spec, mapping, batch_size, self.comm.rank, self.comm.size,
+        reader = open_reader(self.spec, mapping, batch_size, rank=self.comm.rank,
+                             world_size=self.comm.size,
                              shuffle=shuffle, seed=self.args.seed, features=features)
         if reader.num_rows == 0:
             raise ValueError(f"{self.spec.base_directory}/{self.args.fspec_file}: the "
                              f"'{mapping}' mapping has no rows")
-        return DictPipeline(reader)
+        return DictPipeline(reader, label_features=(self.label,))
 
     def _evaluate(self) -> dict:
         return loops.evaluate(self.trainer, self.eval_pipe, self.label, self.display)

@@ -112,8 +112,8 @@ def write_dataset(spec: FeatureSpec, dst: str, train_rows: int, test_rows: int,
     train = generate(spec, train_rows, 0, strength, rng)
     test = generate(spec, test_rows, int(train[DISPLAY_ID][-1]) + 1, strength, rng)
     display = spec.channel(MAP_CHANNEL)[0]
-    del train[DISPLAY_ID]
-    test[display] = test.pop(DISPLAY_ID).astype(spec.dtype(display))
+    for cols in (train, test):  # the writer wants every feature in every mapping
+        cols[display] = cols.pop(DISPLAY_ID).astype(spec.dtype(display))
     return write_columns(dst, spec, {"train": train, "test": test}, "parquet",
                          overwrite=overwrite)
 

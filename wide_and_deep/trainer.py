@@ -54,7 +54,8 @@ class WideDeepTrainer:
             losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits)
             # this rank's rows / global rows: summed over ranks, the global mean
             loss = tf.reduce_sum(losses) / tf.cast(global_rows, tf.float32)
-        grads = tape.gradient(loss * self.loss_scale, dense + [wide_terms, embeddings])
+            scaled = loss * self.loss_scale
+        grads = tape.gradient(scaled, dense + [wide_terms, embeddings])
         grads = [tf.nest.map_structure(lambda g: g / self.loss_scale, g) for g in grads]
         return loss, grads[:len(dense)], grads[len(dense)], grads[len(dense) + 1]
 
