@@ -46,22 +46,31 @@ def read_tables(spark, raw: str) -> dict:
     return tables
 
 
-def transform(tables: dict, args):
+def staged(df, work: str, name: str):
+    """Written out and read back: later stages start from a short plan (a long chain of
+    joins makes Spark's planner run out of driver memory)."""
+    path = os.path.join(work, name)
+    df.write.mode("overwrite").parquet(path)
+    return df.sparkSession.read.parquet(path)
+
+
+def transform(tables: dict, args, work: str):
     """-> (train rows, test rows, {feature: cardinality})"""
     from pyspark.sql import functions as F
     from wide_and_deep.preproc import outbrain as ob
-    rows = ob.with_split(ob.joined_rows(tables), args.seed)
-    rows = ob.with_documents(ob.with_rates(rows, args.ctr_min_views), tables).cache()
+    rows = staged(ob.with_split(ob.joined_rows(tables), args.seed), work, "joined")
+    rows = staged(ob.with_documents(ob.with_rates(rows, args.ctr_min_views), tables), work,
+                  "features")
     cardinalities = {}
-    for name, _, cap in REQUEST_MULTIHOT:
-        vocab = ob.vocabulary(rows, name, args.frequency_threshold, cap, multi=True).cache()
+    for i, (name, _, cap) in enumerate(REQUEST_MULTIHOT + ONEHOT):
+        multi = i < len(REQUEST_MULTIHOT)
+        vocab = staged(ob.vocabulary(rows, name, args.frequency_threshold, cap, multi),
+                       work, f"vocab_{name}")
         cardinalities[name] = max(2, vocab.count() + 1)
-        rows = ob.categorify_list(rows, name, vocab)
-    for name, _, cap in ONEHOT:
-        vocab = ob.vocabulary(rows, name, args.frequency_threshold, cap, multi=False).cache()
-        cardinalities[name] = max(2, vocab.count() + 1)
-        rows = ob.categorify(rows, name, vocab)
-    columns = ([F.col(n).cast("long") for n, _, _ in ONEHOT + REQUEST_MULTIHOT] +
+        rows = staged((ob.categorify_list if multi else ob.categorify)(rows, name, vocab),
+                      work, f"categorified_{i}")
+    columns = ([F.col(n).cast("long") for n, _, _ in ONEHOT] +
+               [F.col(n) for n, _, _ in REQUEST_MULTIHOT] +
                [F.coalesce(F.col(n), F.lit(0.0)).cast("float").alias(n) for n in NUMERICAL] +
                [F.col("clicked").cast("byte").alias(LABEL)])
     ordered = rows.orderBy("display_id", "ad_id")
@@ -100,15 +109,17 @@ def replace_dir(tmp: str, out: str) -> None:
 def run(args, spark) -> dict:
     start = time.time()
     out = os.path.abspath(args.output_path)
-    tmp = out + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    train, test, cardinalities = transform(read_tables(spark, args.outbrain_path), args)
+    tmp, work = out + ".tmp", out + ".work"
+    for d in (tmp, work):
+        shutil.rmtree(d, ignore_errors=True)
+    train, test, cardinalities = transform(read_tables(spark, args.outbrain_path), args, work)
     train.write.parquet(os.path.join(tmp, "train"))
     test.write.parquet(os.path.join(tmp, "test"))
     rows = {"train": spark.read.parquet(os.path.join(tmp, "train")).count(),
             "test": spark.read.parquet(os.path.join(tmp, "test")).count()}
     output_spec(tmp, cardinalities, rows).to_yaml(os.path.join(tmp, "feature_spec.yaml"))
     replace_dir(tmp, out)
+    shutil.rmtree(work, ignore_errors=True)
     log(f"wrote {out}: rows {rows}, cardinalities {cardinalities} "
         f"({time.time() - start:.1f} s)")
     return {"rows": rows, "cardinalities": cardinalities}
@@ -117,6 +128,7 @@ def run(args, spark) -> dict:
 def start_spark(master: str, partitions: int):
     from preproc.prepare_dataset import start_spark as start
     return start({"spark.master": master or "local[*]", "spark.app.name": "outbrain-preproc",
+                  "spark.driver.memory": "2g",
                   "spark.sql.shuffle.partitions": str(partitions),
                   "spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
                   "spark.ui.showConsoleProgress": "false", "spark.sql.ansi.enabled": "false"})
