@@ -67,3 +67,8 @@ def write_dataset(tmp_path):
         return open_dataset(str(out)), arrays
 
     return write
+
+
+def require_or_skip(condition, reason):
+    if not condition:
+        pytest.fail(reason) if os.environ.get("DLRM_REQUIRE_ALL") == "1" else pytest.skip(reason)
