@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo demo-sim bench clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -13,6 +13,10 @@ test: setup
 
 demo: setup
 	@bash tools/demo.sh
+
+# SIM vs DIN on synthetic data with a long-history signal (sim/README.md)
+demo-sim: setup
+	@bash tools/demo_sim.sh
 
 bench: setup
 	$(PY) bench/loader_throughput.py

@@ -75,6 +75,37 @@ class Adam:
         self.iterations.assign_add(1)
 
 
+class AdamW(Adam):
+    """Adam with decoupled weight decay (Loshchilov & Hutter): each updated variable also
+    shrinks by lr * weight_decay * value; a table only in the rows of the batch, as its lazy
+    moments. Duplicate rows of a sparse gradient are summed after sorting (segment_sum), which
+    is deterministic, unlike an unsorted segment sum. weight_decay=0 is plain (lazy) Adam."""
+
+    def __init__(self, variables: dict, weight_decay: float = 0.0, **kwargs):
+        super().__init__(variables, **kwargs)
+        self.weight_decay = float(weight_decay)
+
+    def apply_dense(self, var, grad, lr):
+        if self.weight_decay:
+            var.assign_sub(lr * self.weight_decay * var)
+        super().apply_dense(var, grad, lr)
+
+    def apply_sparse(self, var, grad: tf.IndexedSlices, lr):
+        m, v = self._by_ref[var.ref()]
+        order = tf.argsort(grad.indices, stable=True)
+        indices = tf.gather(grad.indices, order)
+        rows, position = tf.unique(indices)
+        g = tf.math.segment_sum(tf.gather(grad.values, order), position)
+        m_rows = self.beta_1 * tf.gather(m, rows) + (1 - self.beta_1) * g
+        v_rows = self.beta_2 * tf.gather(v, rows) + (1 - self.beta_2) * tf.square(g)
+        m.scatter_update(tf.IndexedSlices(m_rows, rows))
+        v.scatter_update(tf.IndexedSlices(v_rows, rows))
+        step = self._corrected_lr(lr) * m_rows / (tf.sqrt(v_rows) + self.epsilon)
+        if self.weight_decay:
+            step += lr * self.weight_decay * tf.gather(var, rows)
+        var.scatter_sub(tf.IndexedSlices(step, rows))
+
+
 def make_optimizer(name: str, variables: dict):
     """variables: every trainable variable by checkpoint name (dense and tables)."""
     if name == "sgd":

@@ -1,0 +1,147 @@
+"""Building blocks of DIN, DIEN and SIM as functions of tensors and plain variables.
+
+Sequences are [batch, steps, width] with a float mask [batch, steps] (1 = a behaviour,
+0 = padding). Every block is written so that masked steps contribute nothing: appending
+padding to a sequence never changes a result.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+from initializers import glorot_normal
+from model import MLP
+
+# A very negative score instead of -inf: a row whose steps are all padding still gets a
+# finite softmax (then zeroed by the mask) rather than NaN.
+MASKED_SCORE = -1e9
+
+
+def apply_mlp(mlp: MLP, x, compute_dtype):
+    """The MLP on the last axis of a tensor of any rank (flattened to one matmul)."""
+    leading = tf.shape(x)[:-1]
+    y = mlp(tf.reshape(x, [-1, x.shape[-1]]), compute_dtype)
+    return tf.reshape(y, tf.concat([leading, [y.shape[-1]]], 0))
+
+
+class AttentionUnit(tf.Module):
+    """DIN's activation unit: score(q, k) = MLP([q, k, q - k, q * k]) -> [B, S].
+
+    The first layer's kernel is one [4W, H] matrix (blocks for q, k, q-k, q*k), but it is
+    applied in the equivalent form q (Wq + Wd) + [k, q*k] [Wk - Wd; Wp]: the query's part is
+    computed once per row instead of once per behaviour, halving the dominant matmul."""
+
+    def __init__(self, item_width: int, widths, seed: int, key: int, name: str):
+        super().__init__(name=name)
+        with self.name_scope:
+            self.kernel = tf.Variable(glorot_normal(4 * item_width, widths[0], seed, key),
+                                      name="kernel")
+            self.bias = tf.Variable(tf.zeros([widths[0]]), name="bias")
+            self.rest = MLP(widths[0], tuple(widths[1:]) + (1,), False, seed, key + 1, "rest")
+
+    def named_variables(self, prefix: str) -> dict:
+        return {f"{prefix}/kernel": self.kernel, f"{prefix}/bias": self.bias,
+                **self.rest.named_variables(f"{prefix}/rest")}
+
+    def __call__(self, query, keys, compute_dtype):
+        wq, wk, wd, wp = tf.split(tf.cast(self.kernel, compute_dtype), 4, axis=0)
+        per_row = tf.nn.bias_add(tf.matmul(query, wq + wd), tf.cast(self.bias, compute_dtype))
+        per_step = matmul_last_axis(tf.concat([keys, query[:, None, :] * keys], -1),
+                                    tf.concat([wk - wd, wp], 0))
+        hidden = tf.nn.relu(per_row[:, None, :] + per_step)
+        return tf.squeeze(apply_mlp(self.rest, hidden, compute_dtype), axis=-1)
+
+
+def masked_softmax(scores, mask):
+    weights = tf.nn.softmax(tf.where(mask > 0, scores, tf.cast(MASKED_SCORE, scores.dtype)))
+    return weights * mask
+
+
+def attention_pool(unit: AttentionUnit, query, keys, mask, compute_dtype,
+                   normalize: bool = False):
+    """Weighted sum of the keys by their scores against the query. DIN keeps the raw scores
+    (the pooled norm then carries how much of the history matches); normalize=True uses a
+    masked softmax instead. Returns (pooled [B, W], weights [B, S])."""
+    scores = unit(query, keys, compute_dtype)
+    weights = masked_softmax(scores, mask) if normalize else scores * mask
+    return tf.reduce_sum(weights[:, :, None] * keys, axis=1), weights
+
+
+class GRU(tf.Module):
+    """A GRU (update gate z, reset gate r applied before the recurrent matmul):
+        z = s(x Wz + h Uz + bz), r = s(x Wr + h Ur + br), c = tanh(x Wc + (r*h) Uc + bc)
+        h' = (1 - u) h + u c   with u = z (GRU) or u = a z (AUGRU, a = attention weight).
+    A masked step keeps h. The input projections of all steps are one matmul outside the
+    loop; only the recurrent part runs per step, in a tf.scan."""
+
+    def __init__(self, input_width: int, units: int, seed: int, key: int, name: str):
+        super().__init__(name=name)
+        self.units = units
+        with self.name_scope:
+            self.kernel = tf.Variable(glorot_normal(input_width, 3 * units, seed, key),
+                                      name="kernel")
+            self.recurrent = tf.Variable(glorot_normal(units, 3 * units, seed, key + 1),
+                                         name="recurrent_kernel")
+            self.bias = tf.Variable(tf.zeros([3 * units]), name="bias")
+
+    def named_variables(self, prefix: str) -> dict:
+        return {f"{prefix}/kernel": self.kernel, f"{prefix}/recurrent_kernel": self.recurrent,
+                f"{prefix}/bias": self.bias}
+
+    def __call__(self, inputs, mask, compute_dtype, attention=None):
+        """inputs [B, S, D], mask [B, S], attention [B, S] or None -> states [B, S, units]
+        (the state after each step)."""
+        dtype = compute_dtype
+        projected = tf.nn.bias_add(matmul_last_axis(inputs, tf.cast(self.kernel, dtype)),
+                                   tf.cast(self.bias, dtype))
+        hz, hr, hc = tf.split(tf.cast(self.recurrent, dtype), 3, axis=1)
+        if attention is None:
+            attention = tf.ones_like(mask)
+        time_major = [tf.transpose(projected, [1, 0, 2]), tf.transpose(mask)[:, :, None],
+                      tf.transpose(attention)[:, :, None]]
+
+        def step(h, elems):
+            x, m, a = elems
+            xz, xr, xc = tf.split(x, 3, axis=1)
+            z = tf.sigmoid(xz + tf.matmul(h, hz))
+            r = tf.sigmoid(xr + tf.matmul(h, hr))
+            c = tf.tanh(xc + tf.matmul(r * h, hc))
+            u = a * z
+            new = (1 - u) * h + u * c
+            return m * new + (1 - m) * h
+
+        initial = tf.zeros([tf.shape(inputs)[0], self.units], dtype)
+        states = tf.scan(step, time_major, initializer=initial)
+        return tf.transpose(states, [1, 0, 2])
+
+
+def matmul_last_axis(x, kernel):
+    """[B, S, D] @ [D, K] as one 2-D matmul."""
+    leading = tf.shape(x)[:-1]
+    y = tf.matmul(tf.reshape(x, [-1, x.shape[-1]]), kernel)
+    return tf.reshape(y, tf.concat([leading, [kernel.shape[-1]]], 0))
+
+
+def auxiliary_loss(aux_mlp: MLP, states, positive_next, negative_next, mask, compute_dtype):
+    """DIEN's auxiliary loss per row: the state after behaviour t must tell the real
+    behaviour t+1 (positive) from a sampled one (negative), by a logistic loss through an
+    auxiliary network on [h_t, e]. Averaged over the row's valid (t, t+1) pairs; 0 for a row
+    with fewer than two behaviours. Returns [B] float32."""
+    h = states[:, :-1]
+    pair_mask = tf.cast(mask[:, :-1] * mask[:, 1:], tf.float32)
+    pos = tf.squeeze(apply_mlp(aux_mlp, tf.concat([h, positive_next[:, 1:]], -1),
+                               compute_dtype), -1)
+    neg = tf.squeeze(apply_mlp(aux_mlp, tf.concat([h, negative_next[:, 1:]], -1),
+                               compute_dtype), -1)
+    pair_loss = tf.nn.softplus(-tf.cast(pos, tf.float32)) + tf.nn.softplus(
+        tf.cast(neg, tf.float32))
+    pairs = tf.reduce_sum(pair_mask, axis=1)
+    return tf.reduce_sum(pair_loss * pair_mask, axis=1) / tf.maximum(pairs, 1.0)
+
+
+def top_k_selection(scores, mask, k: int):
+    """Indices [B, k] of the k best-scored behaviours of each row (ties: earlier position
+    first) and their mask: padding is chosen only when a row has fewer than k behaviours,
+    and then stays masked."""
+    masked = tf.where(mask > 0, tf.cast(scores, tf.float32), float("-inf"))
+    _, indices = tf.math.top_k(masked, k=k, sorted=True)
+    return indices, tf.gather(mask, indices, batch_dims=1)

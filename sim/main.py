@@ -1,0 +1,163 @@
+"""SIM, DIEN and DIN on TFRecord data: train (test AUC every epoch) or benchmark inference.
+
+  python -m sim.main --dataset_dir DATA --cpu
+  horovodrun -np 2 -H localhost:2 python -m sim.main --dataset_dir DATA --cpu
+"""
+from __future__ import annotations
+
+import os
+import sys
+from types import SimpleNamespace
+
+import runtime
+
+runtime.configure()  # before anything imports TensorFlow
+
+from absl import app, flags  # noqa: E402
+
+F = flags.FLAGS
+flags.DEFINE_enum("mode", "train", ["train", "inference"], "train, or benchmark inference "
+                  "(of --load_checkpoint_path when given, else of a random model)")
+flags.DEFINE_enum("model_type", "sim", ["sim", "dien", "din"], "sim: long + short history; "
+                  "dien / din: the short history only")
+flags.DEFINE_string("dataset_dir", None, "Directory of the TFRecord dataset")
+flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Spec, relative to --dataset_dir")
+flags.DEFINE_integer("global_batch_size", 131072, "Batch size over all processes")
+flags.DEFINE_integer("epochs", 3, "Passes over the training data")
+flags.DEFINE_float("lr", 0.01, "Learning rate")
+flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd"], "adam (lazy rows for tables) or sgd")
+flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (adam)")
+flags.DEFINE_float("dropout_rate", -1.0, "Dropout on the stage-two MLP input; -1: off")
+flags.DEFINE_bool("amp", False, "bfloat16 (CPU) / float16 (GPU) compute; tables stay float32")
+flags.DEFINE_bool("xla", False, "JIT-compile everything after the lookups with XLA")
+flags.DEFINE_bool("drop_remainder", False, "Drop the last partial training batch")
+flags.DEFINE_bool("disable_cache", False, "Re-read the test data at every evaluation "
+                  "instead of keeping it in memory")
+flags.DEFINE_integer("repeat_count", 1, "Passes over the training data per epoch")
+flags.DEFINE_integer("prefetch_train_size", 2, "Training batches prepared ahead")
+flags.DEFINE_integer("prefetch_test_size", 2, "Test batches prepared ahead")
+flags.DEFINE_integer("train_dataset_size", 0, "Train on the first batches covering this many "
+                     "rows per epoch (0: all)")
+flags.DEFINE_integer("long_seq_length", 90, "Older behaviours in the long part (SIM)")
+flags.DEFINE_integer("embedding_dim", 16, "Width of every embedding table")
+flags.DEFINE_list("stage_one_mlp_dims", ["200"], "GSU scorer and GSU head widths")
+flags.DEFINE_list("stage_two_mlp_dims", ["200", "80"], "Final MLP widths (then 1 logit)")
+flags.DEFINE_list("aux_mlp_dims", ["100", "50"], "DIEN auxiliary network widths")
+flags.DEFINE_integer("gsu_top_k", 20, "Long behaviours the GSU selects for the ESU")
+flags.DEFINE_string("results_dir", "results", "Directory of the log and curves")
+flags.DEFINE_string("log_filename", "log.json", "DLLogger log, in --results_dir")
+flags.DEFINE_string("save_checkpoint_path", None, "Save a checkpoint here after training")
+flags.DEFINE_string("load_checkpoint_path", None, "Resume from / infer with this checkpoint")
+flags.DEFINE_string("export_path", None, "Also write a SavedModel here after training")
+flags.DEFINE_bool("benchmark", False, "Time training steps; report samples/s")
+flags.DEFINE_integer("benchmark_warmup_steps", 20, "Untimed steps before benchmarking")
+flags.DEFINE_integer("benchmark_steps", 200, "Timed steps")
+flags.DEFINE_integer("inter_op_parallelism", 0, "TensorFlow inter-op threads (0: default)")
+flags.DEFINE_integer("intra_op_parallelism", 0, "TensorFlow intra-op threads (0: default)")
+flags.DEFINE_integer("seed", 0, "Seed of initialisation and dropout (runs are bit-identical "
+                     "on CPU)")
+flags.DEFINE_integer("print_freq", 10, "Progress line every this many steps")
+flags.DEFINE_bool("cpu", False, "Hide GPUs")
+flags.mark_flag_as_required("dataset_dir")
+
+
+def configure_tensorflow():
+    import tensorflow as tf
+    if F.cpu and tf.config.list_physical_devices("GPU"):
+        tf.config.set_visible_devices([], "GPU")
+    if F.inter_op_parallelism:
+        tf.config.threading.set_inter_op_parallelism_threads(F.inter_op_parallelism)
+    if F.intra_op_parallelism:
+        tf.config.threading.set_intra_op_parallelism_threads(F.intra_op_parallelism)
+    tf.random.set_seed(F.seed)
+    tf.config.experimental.enable_op_determinism()
+
+
+def build(spec, comm):
+    from sim.data import model_shape
+    from sim.model import SimConfig, SimModel
+    from sim.trainer import SimTrainer
+    config = SimConfig(**model_shape(spec), model_type=F.model_type,
+                       long_seq_length=F.long_seq_length, embedding_dim=F.embedding_dim,
+                       stage_one_mlp_dims=_ints(F.stage_one_mlp_dims),
+                       stage_two_mlp_dims=_ints(F.stage_two_mlp_dims),
+                       aux_mlp_dims=_ints(F.aux_mlp_dims), gsu_top_k=F.gsu_top_k,
+                       dropout_rate=F.dropout_rate, seed=F.seed)
+    trainer = SimTrainer(SimModel(config), comm, F.optimizer, F.lr, F.weight_decay, F.amp,
+                         F.xla, F.seed)
+    comm.broadcast_variables(list(trainer.variables().values()))
+    return trainer
+
+
+def _ints(values):
+    return tuple(int(v) for v in values)
+
+
+def pipelines(spec, comm):
+    from dataloader import DictPipeline
+    from sim.data import open_mapping
+    train = open_mapping(spec, "train", F.global_batch_size, comm, F.drop_remainder)
+    labels = (spec.label_feature,)
+    test = DictPipeline(open_mapping(spec, "test", F.global_batch_size, comm), labels,
+                        F.prefetch_test_size).epoch()
+    if not F.disable_cache:
+        test = test.cache()
+    return DictPipeline(train, labels, F.prefetch_train_size), test
+
+
+def run(spec, comm, logger):
+    from sim import loops, state
+    trainer = build(spec, comm)
+    position = {"epoch": 0, "step": 0}
+    if F.load_checkpoint_path:
+        position = state.restore(F.load_checkpoint_path, trainer)
+    train_pipe, test = pipelines(spec, comm)
+    if F.mode == "inference":
+        return loops.benchmark_inference(trainer, spec, test, F.benchmark_warmup_steps,
+                                         F.benchmark_steps)
+    batches = -(-F.train_dataset_size // F.global_batch_size) if F.train_dataset_size else 0
+    opts = SimpleNamespace(epochs=F.epochs, global_batch_size=F.global_batch_size,
+                           repeat_count=F.repeat_count, max_batches_per_epoch=batches,
+                           print_freq=F.print_freq, benchmark=F.benchmark,
+                           benchmark_warmup_steps=F.benchmark_warmup_steps,
+                           benchmark_steps=F.benchmark_steps)
+    final, position = loops.train(trainer, spec, train_pipe, test, logger, position, opts)
+    if F.save_checkpoint_path:
+        state.save(F.save_checkpoint_path, trainer, position)
+    if F.export_path and comm.rank == 0:
+        from sim.export import export_saved_model
+        export_saved_model(trainer.model, spec, F.export_path)
+    return final
+
+
+def main(argv):
+    """Errors of the inputs (spec, data, flags, checkpoint) end the run with one line."""
+    try:
+        train_or_infer()
+    except ValueError as e:  # FeatureSpecError, DatasetError, SimDataError, CheckpointError...
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+
+
+def train_or_infer():
+    configure_tensorflow()
+    from distributed import make_communicator
+    from dllog import DLLogger
+    from sim.data import load_spec
+    comm = make_communicator()
+    log_path = os.path.join(F.results_dir, F.log_filename)
+    logger = DLLogger(log_path, enabled=comm.rank == 0)
+    logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})
+    spec = load_spec(F.dataset_dir, F.feature_spec)
+    final = run(spec, comm, logger)
+    logger.log((), final)
+    logger.print("final: " + "  ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
+                                       for k, v in final.items()))
+    if F.mode == "train" and comm.rank == 0:
+        import plot_log
+        plot_log.plot(log_path, os.path.join(F.results_dir, "curves.png"))
+    logger.close()
+
+
+if __name__ == "__main__":
+    app.run(main)

@@ -1,0 +1,215 @@
+"""DIN, DIEN and SIM over one user's behaviour history.
+
+Histories are stored oldest first, left-aligned, padded after each row's `length`. With
+history width D and --long_seq_length L, a row's most recent D-L behaviours are its short
+part and the ones before them (at most L) its long part. DIN and DIEN read the short part
+only; SIM reads both:
+
+  GSU (soft search): every long behaviour is scored against the target by an MLP; the
+      softmax of the scores pools the long part into a vector with its own logit and loss
+      (the GSU head); the gsu_top_k best-scored behaviours are the selection.
+  ESU: DIN attention of the target over the selection + DIEN over the short part.
+
+An item (target or behaviour) is the concatenation of its features' embeddings (item id,
+category id, ...); feature i of the target and of both histories shares table i.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from initializers import embedding_uniform
+from model import MLP
+from sim import layers
+
+MODEL_TYPES = ("sim", "dien", "din")
+
+
+class SimConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    user_cardinalities: tuple
+    item_cardinalities: tuple
+    history_length: int
+    model_type: str = "sim"
+    long_seq_length: int = 90
+    embedding_dim: int = 16
+    stage_one_mlp_dims: tuple = (200,)
+    stage_two_mlp_dims: tuple = (200, 80)
+    aux_mlp_dims: tuple = (100, 50)
+    attention_mlp_dims: tuple = (80, 40)
+    gsu_top_k: int = 20
+    dropout_rate: float = -1.0
+    seed: int = 0
+
+    @property
+    def short_length(self) -> int:
+        return self.history_length - self.long_seq_length
+
+    def validate(self) -> "SimConfig":
+        if self.model_type not in MODEL_TYPES:
+            raise SimConfigError(f"--model_type must be one of {MODEL_TYPES}, found "
+                                 f"'{self.model_type}'")
+        if not 0 < self.long_seq_length < self.history_length:
+            raise SimConfigError(f"--long_seq_length must be in [1, {self.history_length - 1}] "
+                                 f"(history length {self.history_length} in the feature spec), "
+                                 f"found {self.long_seq_length}")
+        if self.gsu_top_k < 1:
+            raise SimConfigError(f"--gsu_top_k must be positive, found {self.gsu_top_k}")
+        widths = (self.stage_one_mlp_dims + self.stage_two_mlp_dims + self.aux_mlp_dims
+                  + self.attention_mlp_dims + (self.embedding_dim,))
+        if any(w < 1 for w in widths):
+            raise SimConfigError(f"MLP widths and --embedding_dim must be positive, found "
+                                 f"{list(widths)}")
+        if not 0 <= self.dropout_rate < 1 and self.dropout_rate != -1:
+            raise SimConfigError(f"--dropout_rate must be in [0, 1) or -1 (off), found "
+                                 f"{self.dropout_rate}")
+        return self
+
+
+class SimModel(tf.Module):
+    def __init__(self, config: SimConfig, name="sim_model"):
+        super().__init__(name=name)
+        self.config = c = config.validate()
+        dim, seed = c.embedding_dim, c.seed
+        item_width = dim * len(c.item_cardinalities)
+        with self.name_scope:
+            self.user_tables = [self._table(n, t, f"user_table_{t}")
+                                for t, n in enumerate(c.user_cardinalities)]
+            self.item_tables = [self._table(n, 100 + t, f"item_table_{t}")
+                                for t, n in enumerate(c.item_cardinalities)]
+            self.short_attention = layers.AttentionUnit(item_width, c.attention_mlp_dims, seed,
+                                                        1000, "short_attention")
+            self.gru = layers.GRU(item_width, item_width, seed, 1100, "interest_extractor")
+            self.augru = layers.GRU(item_width, item_width, seed, 1200, "interest_evolution")
+            self.aux_mlp = MLP(2 * item_width, tuple(c.aux_mlp_dims) + (1,), False, seed,
+                               1300, "aux_mlp")
+            user_width = dim * len(c.user_cardinalities)
+            if c.model_type == "sim":
+                self.gsu_scorer = layers.AttentionUnit(item_width, c.stage_one_mlp_dims, seed,
+                                                       1400, "gsu_scorer")
+                self.gsu_head = MLP(user_width + 3 * item_width,
+                                    tuple(c.stage_one_mlp_dims) + (1,), False, seed, 1500,
+                                    "gsu_head")
+                self.long_attention = layers.AttentionUnit(item_width, c.attention_mlp_dims,
+                                                           seed, 1600, "long_attention")
+            pooled = {"din": 1, "dien": 1, "sim": 2}[c.model_type]
+            self.top_mlp = MLP(user_width + item_width + 2 * pooled * item_width,
+                               tuple(c.stage_two_mlp_dims) + (1,), False, seed, 1700,
+                               "stage_two_mlp")
+
+    def _table(self, rows: int, key: int, name: str):
+        return tf.Variable(embedding_uniform(rows, self.config.embedding_dim,
+                                             self.config.seed, key), name=name)
+
+    def tables(self) -> dict:
+        out = {f"user_table_{t}": v for t, v in enumerate(self.user_tables)}
+        out.update({f"item_table_{t}": v for t, v in enumerate(self.item_tables)})
+        return out
+
+    def dense_variables(self) -> dict:
+        """Every non-table variable by checkpoint name, only those this model type uses."""
+        c, out = self.config, {}
+        if c.model_type == "din":
+            out.update(self.short_attention.named_variables("short_attention"))
+        else:
+            out.update(self.gru.named_variables("interest_extractor"))
+            out.update(self.augru.named_variables("interest_evolution"))
+            out.update(self.short_attention.named_variables("short_attention"))
+            out.update(self.aux_mlp.named_variables("aux_mlp"))
+        if c.model_type == "sim":
+            out.update(self.gsu_scorer.named_variables("gsu_scorer"))
+            out.update(self.gsu_head.named_variables("gsu_head"))
+            out.update(self.long_attention.named_variables("long_attention"))
+        out.update(self.top_mlp.named_variables("stage_two_mlp"))
+        return out
+
+    # ---- lookups: ids -> embedded tensors (the part whose gradients are sparse) ----
+
+    def split_history(self, ids, length):
+        """ids [B, D] (oldest first), length [B] -> (long ids [B, L], long mask, short ids
+        [B, S] oldest first, short mask). Short rows with fewer than S behaviours are padded
+        at the front, so the short part always ends with the most recent behaviour."""
+        long_len, short_len = self.config.long_seq_length, self.config.short_length
+        length = tf.cast(length, tf.int32)
+        positions = length[:, None] - short_len + tf.range(short_len)[None, :]
+        short_mask = tf.cast(positions >= 0, tf.float32)
+        short = tf.gather(ids, tf.maximum(positions, 0), batch_dims=1)
+        long_mask = tf.cast(tf.range(long_len)[None, :] < (length - short_len)[:, None],
+                            tf.float32)
+        return ids[:, :long_len], long_mask, short, short_mask
+
+    def _item(self, ids_per_feature):
+        return tf.concat([tf.nn.embedding_lookup(table, ids)
+                          for table, ids in zip(self.item_tables, ids_per_feature)], axis=-1)
+
+    def lookup(self, inputs: dict) -> dict:
+        """inputs: 'user' [ids [B]], 'target' [ids [B]], 'positive' / 'negative' [ids [B, D]]
+        per item feature, 'length' [B]. Returns the embedded tensors and masks that forward()
+        reads; only the parts this model type uses are looked up."""
+        parts = [self.split_history(ids, inputs["length"]) for ids in inputs["positive"]]
+        negative_short = [self.split_history(ids, inputs["length"])[2]
+                          for ids in inputs["negative"]]
+        out = {"user": tf.concat([tf.nn.embedding_lookup(t, ids) for t, ids in
+                                  zip(self.user_tables, inputs["user"])], axis=-1),
+               "target": self._item(inputs["target"]),
+               "short": self._item([p[2] for p in parts]), "short_mask": parts[0][3]}
+        if self.config.model_type != "din":
+            out["short_negative"] = self._item(negative_short)
+        if self.config.model_type == "sim":
+            out["long"] = self._item([p[0] for p in parts])
+            out["long_mask"] = parts[0][1]
+        return out
+
+    # ---- everything after the lookups ----
+
+    def forward(self, embedded: dict, compute_dtype=tf.float32, dropout_seed=None):
+        """-> (logit [B], gsu_logit [B] or None, aux_loss [B] or None), float32.
+        dropout_seed: a stateless seed [2] while training (None: no dropout)."""
+        c = self.config
+        e = {k: tf.cast(v, compute_dtype) for k, v in embedded.items()}
+        user, target = e["user"], e["target"]
+        pooled, gsu_logit, aux = [], None, None
+        if c.model_type == "din":
+            short, _ = layers.attention_pool(self.short_attention, target, e["short"],
+                                             e["short_mask"], compute_dtype)
+            pooled.append(short)
+        else:
+            interest, aux = self._dien(e, compute_dtype)
+            pooled.append(interest)
+        if c.model_type == "sim":
+            long_pooled, gsu_logit = self._search(e, compute_dtype)
+            pooled.append(long_pooled)
+        features = [user, target] + pooled + [target * p for p in pooled]
+        x = tf.concat(features, axis=-1)
+        if dropout_seed is not None and c.dropout_rate > 0:
+            x = tf.nn.experimental.stateless_dropout(x, c.dropout_rate, dropout_seed)
+        logit = tf.squeeze(self.top_mlp(x, compute_dtype), -1)
+        return tf.cast(logit, tf.float32), gsu_logit, aux
+
+    def _dien(self, e, compute_dtype):
+        states = self.gru(e["short"], e["short_mask"], compute_dtype)
+        aux = layers.auxiliary_loss(self.aux_mlp, states, e["short"], e["short_negative"],
+                                    e["short_mask"], compute_dtype)
+        scores = self.short_attention(e["target"], states, compute_dtype)
+        attention = layers.masked_softmax(scores, e["short_mask"])
+        evolved = self.augru(states, e["short_mask"], compute_dtype, attention)
+        return evolved[:, -1], aux
+
+    def _search(self, e, compute_dtype):
+        target, long, mask = e["target"], e["long"], e["long_mask"]
+        scores = self.gsu_scorer(target, long, compute_dtype)
+        weights = layers.masked_softmax(scores, mask)
+        gsu_pooled = tf.reduce_sum(weights[:, :, None] * long, axis=1)
+        head_in = tf.concat([e["user"], target, gsu_pooled, target * gsu_pooled], -1)
+        gsu_logit = tf.cast(tf.squeeze(self.gsu_head(head_in, compute_dtype), -1), tf.float32)
+        k = min(self.config.gsu_top_k, self.config.long_seq_length)
+        indices, selected_mask = layers.top_k_selection(tf.stop_gradient(scores), mask, k)
+        selected = tf.gather(long, indices, batch_dims=1)
+        esu, _ = layers.attention_pool(self.long_attention, target, selected, selected_mask,
+                                       compute_dtype)
+        return esu, gsu_logit

@@ -1,0 +1,188 @@
+"""Amazon reviews (JSON lines) + item categories -> SIM TFRecord dataset, on Spark.
+
+  python -m sim.preproc.prepare_dataset --amazon_dataset_path RAW --output_path OUT
+      [--min_interactions 20] [--history_length 100] [--master URL] [--seed 0]
+
+RAW holds reviews_Books.json (reviewerID, asin, unixReviewTime per line) and meta_Books.json
+(asin, categories; an item's category is the last entry of its last category path), or name
+the files with --reviews_file / --metadata_file; the metadata may also be an
+`asin<TAB>category` table. Spark filters users with fewer than --min_interactions reviews,
+orders each user's reviews by (time, asin), maps ids to contiguous ranges (users, items by
+sorted key; categories 1.. by name, 0 = unknown: an item without a category) and builds the
+examples (sim.preproc.examples). The driver then streams them, in (user, interaction, positive first)
+order, into the core ColumnarWriter (TFRecord `train`, `test`, feature_spec.yaml).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+from sim import schema
+from sim.preproc.examples import user_examples
+
+UNKNOWN_CATEGORY = 0
+ROWS_PER_FILE = 200_000
+
+
+class PreprocError(ValueError):
+    pass
+
+
+def read_reviews(spark, path: str):
+    from pyspark.sql import functions as fn
+    if not os.path.isfile(path):
+        raise PreprocError(f"reviews file not found: {path}")
+    raw = spark.read.json(path)
+    missing = [c for c in ("reviewerID", "asin", "unixReviewTime") if c not in raw.columns]
+    if missing:
+        raise PreprocError(f"{path}: reviews lack field(s) {missing}")
+    return raw.select(fn.col("reviewerID").cast("string").alias("user"),
+                      fn.col("asin").cast("string").alias("asin"),
+                      fn.col("unixReviewTime").cast("long").alias("time")).dropna()
+
+
+def read_categories(spark, path: str):
+    """(asin, category): meta JSON lines (last entry of the last category path; the 2014
+    release's single-quoted lines parse too) or an asin<TAB>category table."""
+    from pyspark.sql import functions as fn
+    if not os.path.isfile(path):
+        raise PreprocError(f"metadata file not found: {path}")
+    with open(path) as f:
+        first = next((line for line in f if line.strip()), "")
+    if first.lstrip().startswith("{"):
+        meta = spark.read.json(path)
+        if "asin" not in meta.columns or "categories" not in meta.columns:
+            raise PreprocError(f"{path}: metadata lines need 'asin' and 'categories'")
+        table = meta.select("asin", fn.element_at(fn.element_at("categories", -1), -1)
+                            .alias("category"))
+    else:
+        table = spark.read.csv(path, sep="\t", schema="asin string, category string")
+    # one category per item even if the table repeats an asin
+    return table.dropna().groupBy("asin").agg(fn.min("category").alias("category"))
+
+
+def index(values, name: str, start: int = 0):
+    """Distinct values of one column -> (value, id) with ids start.. in sorted order. (One
+    window over all values: fine for the millions of users and items of Amazon Books.)"""
+    from pyspark.sql import Window
+    from pyspark.sql import functions as fn
+    ranked = fn.row_number().over(Window.orderBy(name)) + (start - 1)
+    return values.select(name).distinct().withColumn(f"{name}_id", ranked.cast("long"))
+
+
+def build(spark, reviews_path, metadata_path, min_interactions, history_length, seed):
+    """-> (spec, RDD of (split, row) sorted by (user, k, label))."""
+    from pyspark.sql import functions as fn
+    reviews = read_reviews(spark, reviews_path)
+    counts = reviews.groupBy("user").count().where(fn.col("count") >= min_interactions)
+    kept = reviews.join(counts.select("user"), "user")
+    users, items = index(kept, "user"), index(kept, "asin")
+    num_users, num_items = users.count(), items.count()
+    if num_users == 0:
+        raise PreprocError(f"{reviews_path}: no user has --min_interactions "
+                           f"{min_interactions} reviews")
+    if num_items < 2:
+        raise PreprocError(f"{reviews_path}: the kept reviews name {num_items} item(s); "
+                           f"negative sampling needs at least 2")
+    item_cats = items.join(read_categories(spark, metadata_path), "asin", "left")
+    categories = index(item_cats.dropna(), "category", start=1)
+    num_categories = categories.count() + 1
+    item_cats = item_cats.join(categories, "category", "left").fillna(
+        UNKNOWN_CATEGORY, ["category_id"])
+    category_of = np.zeros(num_items, np.int64)
+    for row in item_cats.select("asin_id", "category_id").collect():
+        category_of[row[0]] = row[1]
+    events = kept.join(users, "user").join(items, "asin")
+    by_user = (events.rdd.map(lambda r: (r["user_id"], (r["time"], r["asin"], r["asin_id"])))
+               .groupByKey())
+    table = spark.sparkContext.broadcast(category_of)
+
+    def examples(pair):
+        user, interactions = pair
+        ordered = [item for _, _, item in sorted(interactions)]
+        return user_examples(user, ordered, table.value, history_length, seed)
+
+    rows = by_user.flatMap(examples).sortBy(lambda e: (e[1][0], e[1][1], -e[1][2]))
+    spec = schema.sim_spec(num_users, num_items, num_categories, history_length,
+                           {"source": os.path.basename(reviews_path),
+                            "min_interactions": min_interactions, "seed": seed})
+    return spec, rows
+
+
+def write(spec, rows, output_path: str, overwrite: bool = False):
+    """Stream (split, row) pairs into TFRecord files, ROWS_PER_FILE rows a part."""
+    from datasets import ColumnarWriter
+    writer = ColumnarWriter(output_path, spec, "tfrecord", overwrite=overwrite)
+    buffers = {"train": [], "test": []}
+    for split, row in rows.toLocalIterator():
+        buffers[split].append(row)
+        if len(buffers[split]) == ROWS_PER_FILE:
+            writer.write(split, _columns(buffers[split]))
+            buffers[split] = []
+    for split, buffered in buffers.items():
+        if buffered:
+            writer.write(split, _columns(buffered))
+    return writer.close()
+
+
+def _columns(rows) -> dict:
+    user, _, label, item, cat, hist_items, hist_cats, neg_items, neg_cats = zip(*rows)
+    return {schema.USER: np.array(user, np.int64), schema.ITEM: np.array(item, np.int64),
+            schema.CATEGORY: np.array(cat, np.int64), schema.LABEL: np.array(label, np.int8),
+            schema.POSITIVE[0]: list(hist_items), schema.POSITIVE[1]: list(hist_cats),
+            schema.NEGATIVE[0]: list(neg_items), schema.NEGATIVE[1]: list(neg_cats)}
+
+
+def parse_args(argv):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--amazon_dataset_path", required=True, help="directory of the raw files")
+    p.add_argument("--output_path", required=True, help="dataset directory to write")
+    p.add_argument("--reviews_file", default=None, help="default RAW/reviews_Books.json")
+    p.add_argument("--metadata_file", default=None, help="default RAW/meta_Books.json")
+    p.add_argument("--min_interactions", type=int, default=20)
+    p.add_argument("--history_length", type=int, default=100, help="spec dimensions")
+    p.add_argument("--master", default=None, help="Spark master URL (default local[*])")
+    p.add_argument("--seed", type=int, default=0, help="seed of the negative sampling")
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty output")
+    args = p.parse_args(argv)
+    raw = args.amazon_dataset_path
+    args.reviews_file = args.reviews_file or os.path.join(raw, "reviews_Books.json")
+    args.metadata_file = args.metadata_file or os.path.join(raw, "meta_Books.json")
+    if args.min_interactions < 1 or args.history_length < 2:
+        raise PreprocError(f"--min_interactions must be >= 1 and --history_length >= 2, found "
+                           f"{args.min_interactions}, {args.history_length}")
+    return args
+
+
+def spark_conf(master, shuffle_partitions: int = 8) -> dict:
+    return {"spark.master": master or "local[*]", "spark.app.name": "sim-preprocessing",
+            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+            "spark.sql.session.timeZone": "UTC",
+            "spark.sql.shuffle.partitions": str(shuffle_partitions)}
+
+
+def run(args, spark=None):
+    if spark is None:
+        from preproc.prepare_dataset import start_spark  # the Criteo pipeline's session setup
+        spark = start_spark(spark_conf(args.master))
+    spec, rows = build(spark, args.reviews_file, args.metadata_file, args.min_interactions,
+                       args.history_length, args.seed)
+    return write(spec, rows, args.output_path, args.overwrite)
+
+
+def main(argv=None):
+    try:
+        args = parse_args(argv)
+        spec = run(args)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.output_path}: rows {spec.metadata.get('rows')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Synthetic SIM data with a planted signal.
+
+  python -m sim.synthetic --dst DIR [--users N] [--items M] [--categories K]
+      [--history_length L] [--signal {long,short,none}] [--seed S]
+
+The signal: user u has a preferred category p_u. Item i has category i % K. A row is one
+user with a history of `length` behaviours (between 3/4 of L and L) and a target item whose
+category is p_u half of the time (else uniform). Its label is 1 with probability 0.9 when the
+target's category is p_u and 0.1 otherwise, so a model must find p_u in the history:
+  long:  inside the older part of the history (all but the most recent L - 90 behaviours,
+         the part SIM's long branch reads at --long_seq_length 90) half of the behaviours
+         are from p_u; the most recent ones are uniform.
+  short: only the most recent L - 90 behaviours carry p_u (the older ones are uniform).
+  none:  histories uniform, labels fair coins independent of everything.
+A model limited to the recent behaviours (DIN, DIEN) can learn `short` but not `long`.
+Test users are disjoint from training users (the last fifth), so no user-id embedding
+can memorise p_u: the signal can only come from the history. Negative histories are uniform
+random items (for DIEN's auxiliary loss).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+
+import runtime
+from sim import schema
+
+SIGNALS = ("long", "short", "none")
+SIGNAL_SHARE, CLICK_MATCH, CLICK_OTHER = 0.5, 0.9, 0.1
+LONG_SEQ_LENGTH = 90  # where the documented long/short split lies (sim.main's default)
+
+
+def _items_of(categories, num_items, num_categories, rng):
+    """A uniform item of each given category (items of category c are c, c+K, c+2K, ...)."""
+    per_category = (num_items - categories + num_categories - 1) // num_categories
+    return categories + num_categories * (rng.random(categories.shape) * per_category
+                                          ).astype(np.int64)
+
+
+def generate(users: int, items: int, categories: int, history_length: int, signal: str,
+             seed: int) -> dict:
+    """{'train': columns, 'test': columns} (see sim.schema.columns)."""
+    if signal not in SIGNALS:
+        raise ValueError(f"--signal must be one of {SIGNALS}, found '{signal}'")
+    short = history_length - LONG_SEQ_LENGTH
+    if short < 1 or items < categories or users < 5 or categories < 2:
+        raise ValueError(f"need --history_length > {LONG_SEQ_LENGTH}, --items >= --categories "
+                         f">= 2 and --users >= 5; found {history_length}, {items}, "
+                         f"{categories}, {users}")
+    rng = np.random.default_rng(seed)
+    preferred = rng.integers(0, categories, users)
+    lengths = rng.integers(history_length - history_length // 4, history_length + 1, users)
+    position = np.arange(history_length)[None, :]
+    recent = position >= (lengths - short)[:, None]
+    region = {"long": ~recent, "short": recent, "none": np.zeros_like(recent)}[signal]
+    planted = region & (rng.random(recent.shape) < SIGNAL_SHARE)
+    hist_cat = np.where(planted, preferred[:, None],
+                        rng.integers(0, categories, recent.shape))
+    hist_item = _items_of(hist_cat, items, categories, rng)
+    neg_item = rng.integers(0, items, recent.shape)
+    match = rng.random(users) < 0.5
+    target_cat = np.where(match, preferred, rng.integers(0, categories, users))
+    target_item = _items_of(target_cat, items, categories, rng)
+    click = np.where(target_cat == preferred, CLICK_MATCH, CLICK_OTHER)
+    if signal == "none":
+        click = np.full(users, 0.5)
+    label = rng.random(users) < click
+    cols = schema.columns(np.arange(users), target_item, target_cat, hist_item, hist_cat,
+                          neg_item, neg_item % categories, lengths, label)
+    test_start = users - users // 5
+    return {mapping: {name: _rows(col, rows) for name, col in cols.items()}
+            for mapping, rows in (("train", slice(0, test_start)),
+                                  ("test", slice(test_start, users)))}
+
+
+def _rows(column, rows):
+    if isinstance(column, tuple):
+        return tuple(part[rows] for part in column)
+    return column[rows]
+
+
+def write(dst: str, users=4000, items=1000, categories=20, history_length=100, signal="long",
+          seed=0, overwrite=False):
+    from datasets import write_columns
+    data = generate(users, items, categories, history_length, signal, seed)
+    spec = schema.sim_spec(users, items, categories, history_length,
+                           {"generator": "sim.synthetic", "signal": signal, "seed": seed})
+    return write_columns(dst, spec, data, "tfrecord", overwrite=overwrite)
+
+
+def main(argv=None):
+    runtime.configure()  # quiet TensorFlow, which the TFRecord writer imports
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--dst", required=True, help="output directory (train/, test/, yaml)")
+    p.add_argument("--users", type=int, default=4000)
+    p.add_argument("--items", type=int, default=1000)
+    p.add_argument("--categories", type=int, default=20)
+    p.add_argument("--history_length", type=int, default=100)
+    p.add_argument("--signal", choices=SIGNALS, default="long")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace a non-empty --dst")
+    a = p.parse_args(argv)
+    try:
+        spec = write(a.dst, a.users, a.items, a.categories, a.history_length, a.signal, a.seed,
+                     a.overwrite)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {a.dst}: {spec.metadata.get('rows')} rows, signal {a.signal}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,97 @@
+"""The SIM/DIEN/DIN training and prediction steps of one data-parallel rank.
+
+The lookups run under an outer tape; everything after them (`_dense_step`, which --xla
+compiles) returns the dense gradients and the gradients of the looked-up rows, which the
+outer tape turns into sparse (IndexedSlices) table gradients. Gradients are summed over
+ranks (tables: rows gathered, never densified); each rank's loss is the sum over its rows
+divided by the global batch, so N ranks make the same update as one.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from data_parallel import sum_gradients
+from optimizers import SGD, AdamW
+
+# the embedded tensors that depend on tables (the rest of lookup()'s output are masks)
+EMBEDDED = ("user", "target", "short", "short_negative", "long")
+
+
+class TrainingDivergedError(RuntimeError):
+    pass
+
+
+def make_optimizer(name: str, variables: dict, weight_decay: float):
+    if name == "adam":
+        return AdamW(variables, weight_decay=weight_decay)
+    if name == "sgd" and not weight_decay:
+        return SGD()
+    raise ValueError(f"--optimizer must be 'adam' or 'sgd' (sgd without --weight_decay), "
+                     f"found '{name}' with --weight_decay {weight_decay}")
+
+
+class SimTrainer:
+    def __init__(self, model, comm, optimizer="adam", lr=0.01, weight_decay=0.0, amp=False,
+                 xla=False, seed=0):
+        self.model, self.comm, self.lr, self.seed = model, comm, float(lr), int(seed)
+        self.compute_dtype = ((tf.float16 if tf.config.list_logical_devices("GPU")
+                               else tf.bfloat16) if amp else tf.float32)
+        self.dense = model.dense_variables()
+        self.tables = model.tables()
+        self.optimizer = make_optimizer(optimizer, {**self.dense, **self.tables}, weight_decay)
+        self._dense_fn = tf.function(self._dense_step, jit_compile=True) if xla \
+            else self._dense_step
+        self._train_fn = tf.function(self._train_step)
+        self._predict_fn = tf.function(self._predict_step)
+
+    def variables(self) -> dict:
+        return {**{f"dense/{k}": v for k, v in self.dense.items()},
+                **{f"table/{k}": v for k, v in self.tables.items()}}
+
+    def _dense_step(self, embedded, label, global_rows, dropout_seed):
+        names = [k for k in EMBEDDED if k in embedded]
+        with tf.GradientTape() as tape:
+            tape.watch([embedded[k] for k in names])
+            logit, gsu_logit, aux = self.model.forward(embedded, self.compute_dtype,
+                                                       dropout_seed)
+            per_row = tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit)
+            if gsu_logit is not None:
+                per_row += tf.nn.sigmoid_cross_entropy_with_logits(labels=label,
+                                                                   logits=gsu_logit)
+            if aux is not None:
+                per_row += aux
+            loss = tf.reduce_sum(per_row) / tf.cast(global_rows, tf.float32)
+        grads = tape.gradient(loss, list(self.dense.values()) + [embedded[k] for k in names])
+        return loss, grads[:len(self.dense)], grads[len(self.dense):]
+
+    def _train_step(self, inputs, label, global_rows, step):
+        with tf.GradientTape() as tape:
+            embedded = self.model.lookup(inputs)
+        names = [k for k in EMBEDDED if k in embedded]
+        seed = tf.stack([tf.constant(self.seed, tf.int64), tf.cast(step, tf.int64)])
+        loss, dense_grads, embedded_grads = self._dense_fn(embedded, label, global_rows, seed)
+        tables = list(self.tables.values())
+        table_grads = tape.gradient([embedded[k] for k in names], tables,
+                                    output_gradients=embedded_grads)
+        grads = sum_gradients(self.comm, list(dense_grads) + list(table_grads))
+        lr = tf.constant(self.lr, tf.float32)
+        for var, grad in zip(self.dense.values(), grads[:len(self.dense)]):
+            self.optimizer.apply_dense(var, grad, lr)
+        for var, grad in zip(tables, grads[len(self.dense):]):
+            self.optimizer.apply_sparse(var, grad, lr)
+        self.optimizer.finish_step()
+        return self.comm.allreduce_sum(loss)
+
+    def _predict_step(self, inputs):
+        logit, _, _ = self.model.forward(self.model.lookup(inputs), self.compute_dtype)
+        return tf.sigmoid(logit)
+
+    def train_step(self, inputs, label, global_rows, step: int) -> float:
+        loss = float(self._train_fn(inputs, label, global_rows, tf.constant(step, tf.int64)))
+        if not np.isfinite(loss):
+            raise TrainingDivergedError(f"loss became {loss} at step {step}; lower --lr")
+        return loss
+
+    def predict(self, inputs):
+        return self._predict_fn(inputs)

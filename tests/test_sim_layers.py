@@ -1,0 +1,143 @@
+"""DIN/DIEN/SIM building blocks against independent numpy loops."""
+import numpy as np
+import pytest
+
+import runtime
+
+runtime.configure()
+import tensorflow as tf  # noqa: E402
+
+from model import MLP  # noqa: E402
+from sim import layers  # noqa: E402
+
+F32 = tf.float32
+
+
+def np_mlp(mlp, x):
+    for i, (kernel, bias) in enumerate(mlp.layers):
+        x = x @ kernel.numpy() + bias.numpy()
+        if i < len(mlp.layers) - 1:
+            x = np.maximum(x, 0)
+    return x
+
+
+def sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+def np_scores(unit, q, keys):
+    """The activation unit as written in DIN: an MLP on the concatenation [q, k, q-k, q*k]."""
+    def score(query, key):
+        x = np.concatenate([query, key, query - key, query * key])
+        hidden = np.maximum(x @ unit.kernel.numpy() + unit.bias.numpy(), 0)
+        return np_mlp(unit.rest, hidden[None])[0, 0]
+    return np.array([[score(q[b], k) for k in keys[b]] for b in range(len(keys))])
+
+
+@pytest.fixture
+def data():
+    rng = np.random.default_rng(3)
+    B, S, W = 3, 6, 4
+    q = rng.standard_normal((B, W)).astype(np.float32)
+    keys = rng.standard_normal((B, S, W)).astype(np.float32)
+    mask = np.array([[1] * 6, [1, 1, 1, 0, 0, 0], [0] * 6], np.float32)
+    return q, keys, mask
+
+
+@pytest.mark.parametrize("normalize", [False, True])
+def test_attention_pool_matches_numpy_and_ignores_padding(data, normalize):
+    q, keys, mask = data
+    unit = layers.AttentionUnit(4, (8, 6), seed=1, key=0, name="att")
+    unit.bias.assign([0.1 * i - 0.3 for i in range(8)])
+    pooled, weights = layers.attention_pool(unit, q, keys, mask, F32, normalize=normalize)
+    scores = np_scores(unit, q, keys)
+    expected_w = np.zeros_like(scores)
+    for b in range(len(q)):
+        valid = mask[b] > 0
+        s = scores[b, valid]
+        if valid.any():
+            expected_w[b, valid] = np.exp(s - s.max()) / np.exp(s - s.max()).sum() \
+                if normalize else s
+    np.testing.assert_allclose(weights.numpy(), expected_w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(pooled.numpy(), (expected_w[:, :, None] * keys).sum(1),
+                               rtol=1e-5, atol=1e-6)
+    # Appending padding (arbitrary values, mask 0) changes nothing.
+    junk = np.random.default_rng(9).standard_normal((3, 5, 4)).astype(np.float32) * 100
+    padded, _ = layers.attention_pool(unit, q, np.concatenate([keys, junk], 1),
+                                      np.concatenate([mask, np.zeros((3, 5), np.float32)], 1),
+                                      F32, normalize=normalize)
+    np.testing.assert_allclose(padded.numpy(), pooled.numpy(), rtol=1e-6, atol=1e-6)
+    assert np.all(pooled.numpy()[2] == 0)  # a row of padding only pools to zero
+
+
+def np_gru(gru, x, mask, attention=None):
+    W, U, b = gru.kernel.numpy(), gru.recurrent.numpy(), gru.bias.numpy()
+    H = gru.units
+    B, S, _ = x.shape
+    h = np.zeros((B, H), np.float64)
+    out = np.zeros((B, S, H))
+    for t in range(S):
+        for r in range(B):
+            xp = x[r, t] @ W + b
+            z = sigmoid(xp[:H] + h[r] @ U[:, :H])
+            g = sigmoid(xp[H:2 * H] + h[r] @ U[:, H:2 * H])
+            c = np.tanh(xp[2 * H:] + (g * h[r]) @ U[:, 2 * H:])
+            u = z * (1.0 if attention is None else attention[r, t])
+            if mask[r, t]:
+                h[r] = (1 - u) * h[r] + u * c
+            out[r, t] = h[r]
+    return out
+
+
+@pytest.mark.parametrize("augru", [False, True])
+def test_gru_and_augru_match_numpy(data, augru):
+    _, x, mask = data
+    mask = np.array([[1] * 6, [0, 0, 1, 1, 1, 1], [0] * 6], np.float32)
+    gru = layers.GRU(4, 5, seed=2, key=0, name="gru")
+    gru.bias.assign(np.random.default_rng(1).standard_normal(15).astype(np.float32))
+    att = np.random.default_rng(4).random((3, 6)).astype(np.float32) if augru else None
+    got = gru(tf.constant(x), tf.constant(mask), F32,
+              None if att is None else tf.constant(att)).numpy()
+    np.testing.assert_allclose(got, np_gru(gru, x, mask, att), rtol=1e-5, atol=1e-6)
+    if augru:  # attention 0 freezes the state: AUGRU differs from the GRU
+        plain = gru(tf.constant(x), tf.constant(mask), F32).numpy()
+        assert np.abs(plain - got).max() > 1e-3
+
+
+def test_auxiliary_loss_matches_numpy():
+    rng = np.random.default_rng(5)
+    B, S, H, W = 3, 5, 4, 3
+    states = rng.standard_normal((B, S, H)).astype(np.float32)
+    pos = rng.standard_normal((B, S, W)).astype(np.float32)
+    neg = rng.standard_normal((B, S, W)).astype(np.float32)
+    mask = np.array([[1] * 5, [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]], np.float32)
+    mlp = MLP(H + W, (6, 1), False, seed=3, key=0, name="aux")
+    got = layers.auxiliary_loss(mlp, states, pos, neg, mask, F32).numpy()
+    expected = []
+    for b in range(B):
+        terms = []
+        for t in range(S - 1):
+            if mask[b, t] and mask[b, t + 1]:
+                lp = np_mlp(mlp, np.concatenate([states[b, t], pos[b, t + 1]])[None])[0, 0]
+                ln = np_mlp(mlp, np.concatenate([states[b, t], neg[b, t + 1]])[None])[0, 0]
+                terms.append(-np.log(sigmoid(lp)) - np.log(1 - sigmoid(ln)))
+        expected.append(np.mean(terms) if terms else 0.0)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    assert got[2] == 0  # one behaviour: no pair
+
+
+def test_top_k_selection_matches_numpy():
+    rng = np.random.default_rng(6)
+    scores = rng.integers(0, 4, (5, 9)).astype(np.float32)  # many ties
+    mask = (rng.random((5, 9)) < 0.6).astype(np.float32)
+    mask[0] = 0
+    mask[1, :2] = 1
+    mask[1, 2:] = 0
+    k = 4
+    indices, selected_mask = layers.top_k_selection(scores, mask, k)
+    for b in range(5):
+        valid = np.flatnonzero(mask[b])
+        ranked = valid[np.argsort(-scores[b, valid], kind="stable")][:k]
+        n = len(ranked)
+        assert list(indices.numpy()[b, :n]) == list(ranked)
+        assert list(selected_mask.numpy()[b]) == [1] * n + [0] * (k - n)

@@ -1,0 +1,122 @@
+"""SIM preprocessing (Spark) against an independent pandas computation, on generated reviews
+and on the real Amazon Books sample rows."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import require_or_skip
+
+REAL = "/work/shared/data/amazon_books"
+HISTORY = 4
+
+
+@pytest.fixture(scope="module")
+def spark():
+    require_or_skip(shutil.which("java") is not None, "Spark needs a Java runtime")
+    from preproc.prepare_dataset import start_spark
+    from sim.preproc.prepare_dataset import spark_conf
+    session = start_spark(spark_conf("local[2]", shuffle_partitions=2))
+    yield session
+    session.stop()
+
+
+def generated_raw(directory):
+    """12 users with 1..12 reviews (time ties included), 15 items; categories for 10 items
+    (one path list per item in meta, one line in the 2014 single-quoted style)."""
+    rng = np.random.default_rng(7)
+    reviews = []
+    for u in range(12):
+        for _ in range(u + 1):
+            reviews.append({"reviewerID": f"U{u:02d}", "asin": f"B{rng.integers(0, 15):03d}",
+                            "unixReviewTime": int(rng.integers(0, 6)) * 86400, "overall": 5.0,
+                            "summary": "x"})
+    with open(os.path.join(directory, "reviews_Books.json"), "w") as f:
+        for r in rng.permutation(reviews):
+            f.write(json.dumps(r) + "\n")
+    with open(os.path.join(directory, "meta_Books.json"), "w") as f:
+        for i in range(10):
+            paths = [["Books", f"Genre{i % 4}"], ["Books", "Sub", f"Leaf{i % 3}"]]
+            line = json.dumps({"asin": f"B{i:03d}", "categories": paths, "title": "t"})
+            f.write((line.replace('"', "'") if i == 3 else line) + "\n")
+    return pd.DataFrame(reviews), {f"B{i:03d}": f"Leaf{i % 3}" for i in range(10)}
+
+
+def pandas_reference(reviews, category_of_asin, min_interactions):
+    """Kept users, id maps and per-user item sequences, computed without Spark."""
+    counts = reviews.groupby("reviewerID").size()
+    kept = reviews[reviews.reviewerID.isin(counts[counts >= min_interactions].index)]
+    user_id = {u: i for i, u in enumerate(sorted(kept.reviewerID.unique()))}
+    item_id = {a: i for i, a in enumerate(sorted(kept.asin.unique()))}
+    names = sorted({category_of_asin[a] for a in item_id if a in category_of_asin})
+    cat_id = {c: i + 1 for i, c in enumerate(names)}
+    item_cat = np.array([cat_id.get(category_of_asin.get(a), 0) for a in sorted(item_id)])
+    sequences = {}
+    for user, group in kept.groupby("reviewerID"):
+        ordered = group.sort_values(["unixReviewTime", "asin"])
+        sequences[user_id[user]] = [item_id[a] for a in ordered.asin]
+    return sequences, item_cat, len(names) + 1
+
+
+def check_against_reference(rows, sequences, item_cat):
+    rows = list(rows)
+    keys = [(r[0], r[1], r[2]) for _, r in rows]
+    expected_keys = [(u, k, label) for u in sorted(sequences)
+                     for k in range(len(sequences[u])) for label in (1, 0)]
+    assert keys == expected_keys
+    for split, (user, k, label, item, cat, hist, hist_cat, neg, neg_cat) in rows:
+        seq = sequences[user]
+        assert split == ("test" if k == len(seq) - 1 else "train")
+        assert hist == seq[max(0, k - HISTORY):k]
+        assert hist_cat == [item_cat[i] for i in hist] and cat == item_cat[item]
+        if label == 1:
+            assert item == seq[k]
+        else:
+            assert item != seq[k] and 0 <= item < len(item_cat)
+        assert len(neg) == len(hist) and all(n != h for n, h in zip(neg, hist))
+        assert neg_cat == [item_cat[i] for i in neg]
+    return rows
+
+
+def test_generated_reviews_match_pandas(spark, tmp_path):
+    from sim.preproc.prepare_dataset import build
+    reviews, categories = generated_raw(str(tmp_path))
+    spec, rows = build(spark, str(tmp_path / "reviews_Books.json"),
+                       str(tmp_path / "meta_Books.json"), 5, HISTORY, seed=3)
+    sequences, item_cat, num_categories = pandas_reference(reviews, categories, 5)
+    assert len(sequences) == 8  # users with 5..12 reviews
+    assert spec.cardinality("user_id") == 8
+    assert spec.cardinality("item_id") == len(item_cat)
+    assert spec.cardinality("cat_id") == num_categories == 4  # unknown + Leaf0..2
+    check_against_reference(rows.collect(), sequences, item_cat)
+
+
+def test_negatives_follow_the_seed():
+    """Negatives come from a generator seeded by (seed, user) alone, so Spark's partitioning
+    cannot change them."""
+    from sim.preproc.examples import user_examples
+    categories = np.arange(50) % 7
+    draws = {seed: [row[3] for _, row in user_examples(1, range(30), categories, 5, seed)]
+             for seed in (0, 0, 1)}
+    assert draws[0] == [row[3] for _, row in user_examples(1, range(30), categories, 5, 0)]
+    assert draws[0] != draws[1]
+
+
+def test_real_rows_and_thresholds(spark, tmp_path):
+    from sim.preproc.prepare_dataset import PreprocError, build
+    reviews_file = os.path.join(REAL, "reviews_Books_sample.json")
+    table = os.path.join(REAL, "item_category.tsv")
+    with pytest.raises(PreprocError, match="no user has --min_interactions 20"):
+        build(spark, reviews_file, table, 20, HISTORY, seed=0)
+    spec, rows = build(spark, reviews_file, table, 1, HISTORY, seed=0)
+    reviews = pd.read_json(reviews_file, lines=True, dtype={"asin": str})
+    tsv = pd.read_csv(table, sep="\t", names=["asin", "category"], dtype=str)
+    categories = tsv.groupby("asin").category.min().to_dict()
+    sequences, item_cat, num_categories = pandas_reference(reviews, categories, 1)
+    assert spec.cardinality("user_id") == reviews.reviewerID.nunique() == len(sequences)
+    assert spec.cardinality("cat_id") == num_categories
+    assert 0 < (item_cat > 0).sum() < len(item_cat)  # unknown-category items are kept, id 0
+    check_against_reference(rows.collect(), sequences, item_cat)

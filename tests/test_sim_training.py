@@ -1,0 +1,151 @@
+"""SIM/DIEN/DIN end to end through `python -m sim.main` (in process; Horovod in a subprocess):
+planted signals, determinism, resume, data parallelism, metrics, bad inputs."""
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import ROOT, require_or_skip
+
+SMALL = ["--cpu", "--global_batch_size", "128", "--stage_one_mlp_dims", "32",
+         "--stage_two_mlp_dims", "32,16", "--aux_mlp_dims", "16", "--print_freq", "1000"]
+
+
+def synthetic(directory, signal, users, seed=0):
+    from sim.synthetic import write
+    write(str(directory), users=users, items=200, categories=8, history_length=100,
+          signal=signal, seed=seed)
+    return str(directory)
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    base = tmp_path_factory.mktemp("sim_data")
+    return {"short": synthetic(base / "short", "short", 2000),
+            "long": synthetic(base / "long", "long", 2000, seed=1),
+            "none": synthetic(base / "none", "none", 2000, seed=2),
+            "tiny": synthetic(base / "tiny", "long", 300, seed=3)}
+
+
+def run_main(args):
+    from sim import main as sim_main
+    sim_main.F.unparse_flags()
+    sim_main.F(["sim.main"] + list(args))
+    sim_main.main([])
+
+
+def train(dataset, results, *extra):
+    run_main(["--dataset_dir", dataset, "--results_dir", str(results)] + SMALL + list(extra))
+    from dllog import read_log
+    return read_log(os.path.join(str(results), "log.json"))
+
+
+def final_auc(records):
+    return [r["data"] for r in records if r["step"] == []][-1]["auc"]
+
+
+def step_losses(records):
+    return [r["data"]["loss"] for r in records
+            if isinstance(r["step"], list) and len(r["step"]) == 2 and "loss" in r["data"]]
+
+
+@pytest.mark.parametrize("model_type", ["din", "dien", "sim"])
+def test_short_signal_learned_by_every_model(data, tmp_path, model_type):
+    auc = final_auc(train(data["short"], tmp_path, "--model_type", model_type, "--epochs", "2"))
+    assert auc > 0.7, f"{model_type}: test AUC {auc}"
+
+
+def test_no_signal_is_not_learned(data, tmp_path):
+    auc = final_auc(train(data["none"], tmp_path, "--epochs", "2"))
+    assert abs(auc - 0.5) < 0.1
+
+
+def test_long_signal_needs_the_long_history(data, tmp_path):
+    sim = train(data["long"], tmp_path / "sim", "--epochs", "2")
+    din = train(data["long"], tmp_path / "din", "--epochs", "2", "--model_type", "din")
+    assert final_auc(sim) > final_auc(din) + 0.15, (final_auc(sim), final_auc(din))
+    per_epoch = [r for r in sim if isinstance(r["step"], list) and "auc" in r["data"]
+                 and len(r["step"]) == 2]
+    assert len(per_epoch) == 2 and all("test_loss" in r["data"] for r in per_epoch)
+    assert os.path.getsize(tmp_path / "sim" / "curves.png") > 0
+
+
+def test_fixed_seed_gives_identical_runs_and_resume_equals_uninterrupted(data, tmp_path):
+    args = ["--print_freq", "1", "--dropout_rate", "0.3", "--seed", "5",
+            "--global_batch_size", "64"]
+    whole = train(data["tiny"], tmp_path / "whole", "--epochs", "2", *args)
+    again = train(data["tiny"], tmp_path / "again", "--epochs", "2", *args)
+    assert len(step_losses(whole)) == 8
+    assert step_losses(whole) == step_losses(again)
+    assert final_auc(whole) == final_auc(again)
+    ckpt = str(tmp_path / "ckpt")
+    first = train(data["tiny"], tmp_path / "first", "--epochs", "1",
+                  "--save_checkpoint_path", ckpt, *args)
+    second = train(data["tiny"], tmp_path / "second", "--epochs", "2",
+                   "--load_checkpoint_path", ckpt, *args)
+    assert step_losses(first) + step_losses(second) == step_losses(whole)
+    assert final_auc(second) == final_auc(whole)
+
+
+def test_two_horovod_processes_make_the_one_process_update(data, tmp_path):
+    horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable),
+                                                            "horovodrun")
+    require_or_skip(os.path.exists(horovodrun), "horovodrun is not installed")
+    args = SMALL + ["--dataset_dir", data["tiny"], "--epochs", "1", "--print_freq", "1",
+                    "--global_batch_size", "60", "--model_type", "sim"]
+    one = train(data["tiny"], tmp_path / "one", *args[len(SMALL) + 2:])
+    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
+           "sim.main", "--results_dir", str(tmp_path / "two")] + args
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    from dllog import read_log
+    two = read_log(str(tmp_path / "two" / "log.json"))
+    assert len(step_losses(one)) == 4
+    np.testing.assert_allclose(step_losses(two), step_losses(one), rtol=0, atol=1e-5)
+    assert abs(final_auc(two) - final_auc(one)) < 1e-4
+
+
+def test_evaluation_metrics_match_scikit_learn(data):
+    from sklearn.metrics import log_loss, roc_auc_score
+
+    from dataloader import DictPipeline
+    from distributed import make_communicator
+    from sim import loops
+    from sim.data import label, load_spec, model_inputs, model_shape, open_mapping
+    from sim.model import SimConfig, SimModel
+    from sim.trainer import SimTrainer
+    spec = load_spec(data["tiny"], "feature_spec.yaml")
+    comm = make_communicator()
+    trainer = SimTrainer(SimModel(SimConfig(**model_shape(spec), stage_one_mlp_dims=(8,),
+                                            stage_two_mlp_dims=(8,), aux_mlp_dims=(8,))), comm)
+    test = DictPipeline(open_mapping(spec, "test", 25, comm), (spec.label_feature,)).epoch()
+    got = loops.evaluate(trainer, spec, test)
+    predictions = np.concatenate([trainer.predict(model_inputs(spec, b)).numpy() for b in test])
+    labels = np.concatenate([label(spec, b).numpy() for b in test])
+    assert got["test_samples"] == len(labels) == 60
+    assert got["auc"] == pytest.approx(roc_auc_score(labels, predictions), abs=1e-12)
+    assert got["test_loss"] == pytest.approx(log_loss(labels, predictions), abs=1e-6)
+
+
+def test_inference_benchmark_and_export(data, tmp_path):
+    ckpt, export = str(tmp_path / "ckpt"), str(tmp_path / "saved_model")
+    train(data["tiny"], tmp_path / "t", "--epochs", "1", "--save_checkpoint_path", ckpt,
+          "--export_path", export)
+    records = train(data["tiny"], tmp_path / "i", "--mode", "inference", "--load_checkpoint_path",
+                    ckpt, "--benchmark_steps", "5", "--benchmark_warmup_steps", "1")
+    final = [r["data"] for r in records if r["step"] == []][-1]
+    assert final["inference_samples_per_second"] > 0
+    assert final["p90_latency_seconds"] <= final["p99_latency_seconds"]
+    import tensorflow as tf
+
+    from datasets import open_reader
+    from sim.data import load_spec
+    spec = load_spec(data["tiny"], "feature_spec.yaml")
+    batch = open_reader(spec, "test", 10).get(0)
+    serve = tf.saved_model.load(export).signatures["serving_default"]
+    names = serve.structured_input_signature[1]
+    out = serve(**{k: tf.constant(batch[k], names[k].dtype) for k in names})["probabilities"]
+    assert out.shape == (10,) and np.all((out.numpy() > 0) & (out.numpy() < 1))
