@@ -24,15 +24,6 @@ def require_or_skip(condition: bool, reason: str) -> None:
     pytest.skip(reason, allow_module_level=True)
 
 
-def require_or_skip(condition: bool, reason: str) -> None:
-    """Skip when a prerequisite is missing, but fail under DLRM_REQUIRE_ALL=1 (CI), where a
-    skip would hide that the test never ran."""
-    if not condition:
-        if os.environ.get("DLRM_REQUIRE_ALL") == "1":
-            pytest.fail(reason)
-        pytest.skip(reason)
-
-
 def random_arrays(spec, rows: int, seed: int = 0) -> dict:
     """Random (numerical, [categorical...], label) arrays of one mapping fitting `spec`,
     with each categorical feature's extreme ids 0 and cardinality-1 present."""
@@ -68,7 +59,3 @@ def write_dataset(tmp_path):
 
     return write
 
-
-def require_or_skip(condition, reason):
-    if not condition:
-        pytest.fail(reason) if os.environ.get("DLRM_REQUIRE_ALL") == "1" else pytest.skip(reason)
