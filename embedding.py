@@ -25,6 +25,22 @@ from initializers import embedding_uniform_chunks
 BYTES_PER_ELEMENT = 4  # tables are stored in float32, also under mixed precision
 
 
+def table_variable(rows: int, dim: int, seed: int, table: int, col_start: int = 0,
+                   col_stop: int = None, trainable: bool = True, name: str = None) -> tf.Variable:
+    """Columns [col_start, col_stop) of embedding table `table` as a plain tf.Variable (looked
+    up with tf.nn.embedding_lookup, updated by sparse row updates), initialised uniform in
+    +-sqrt(1/rows). Filled in row chunks: a whole numpy copy would double peak host memory."""
+    col_stop = dim if col_stop is None else col_stop
+    var = tf.Variable(tf.zeros([rows, col_stop - col_start]), trainable=trainable, name=name)
+    for start, block in embedding_uniform_chunks(rows, dim, seed, table, col_start, col_stop):
+        # the raw op writes in place; var[a:b].assign() first reads the variable, and that
+        # shared buffer makes the write copy the whole table
+        tf.raw_ops.ResourceStridedSliceAssign(ref=var.handle, begin=[start],
+                                              end=[start + block.shape[0]], strides=[1],
+                                              value=block)
+    return var
+
+
 @dataclass(frozen=True)
 class TablePiece:
     table: int
@@ -160,16 +176,7 @@ class EmbeddingLayer(tf.Module):
             offload = offload_threshold_bytes and rows * (c1 - c0) * BYTES_PER_ELEMENT \
                 > offload_threshold_bytes
             with tf.device("/CPU:0" if offload else None):
-                # filled in row chunks: a whole numpy copy would double peak host memory
-                var = tf.Variable(tf.zeros([rows, c1 - c0]), trainable=trainable, name=name)
-                for start, block in embedding_uniform_chunks(rows, plan.dim, seed, table, c0,
-                                                             c1):
-                    # the raw op writes in place; var[a:b].assign() first reads the variable,
-                    # and that shared buffer makes the write copy the whole table
-                    tf.raw_ops.ResourceStridedSliceAssign(
-                        ref=var.handle, begin=[start], end=[start + block.shape[0]],
-                        strides=[1], value=block)
-                return var
+                return table_variable(rows, plan.dim, seed, table, c0, c1, trainable, name)
 
         with self.name_scope:
             self.piece_variables = [

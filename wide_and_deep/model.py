@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from initializers import bias_normal, embedding_uniform, glorot_normal
+from embedding import table_variable
+from initializers import bias_normal, glorot_normal
 from wide_and_deep.contract import MULTIHOT_CHANNEL, ONEHOT_CHANNEL
 from datasets import length_key
 
@@ -62,8 +63,8 @@ class WideDeepModel(tf.Module):
                                                 name=f"wide_{t.name}") for t in config.tables}
         # FTRL's weights are a function of its slots, which start at zero: so must the weights.
         self.wide_bias = tf.Variable(tf.zeros([1]), name="wide_bias")
-        self.deep_tables = {t.name: tf.Variable(embedding_uniform(t.cardinality, t.dim, seed, i),
-                                                name=f"deep_{t.name}")
+        self.deep_tables = {t.name: table_variable(t.cardinality, t.dim, seed, i,
+                                                   name=f"deep_{t.name}")
                             for i, t in enumerate(config.tables)}
         widths = [config.deep_input_width, *config.hidden_units, 1]
         self.kernels = [tf.Variable(glorot_normal(a, b, seed, i), name=f"deep_kernel_{i}")
