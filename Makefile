@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo bench clean
+.PHONY: setup test demo demo-wd bench clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -13,6 +13,9 @@ test: setup
 
 demo: setup
 	@bash tools/demo.sh
+
+demo-wd: setup
+	@bash tools/demo_wd.sh
 
 bench: setup
 	$(PY) bench/loader_throughput.py
