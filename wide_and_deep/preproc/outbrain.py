@@ -12,6 +12,7 @@ TRAIN_FRACTION = 0.8
 HOTNESS = 3
 HASH_MULTIPLIER = 2654435761
 SEED_MULTIPLIER = 1_000_003
+RAW_AD_ID = "_raw_ad_id"  # output rows are ordered by (display, ad) before categorify
 
 L, D, S = T.LongType(), T.DoubleType(), T.StringType()
 SCHEMAS = {
@@ -57,7 +58,8 @@ def joined_rows(t: dict) -> DataFrame:
                              F.col("source_id").alias("source_id_promo"),
                              F.col("publisher_id").alias("publisher_id_promo"))
     geo = F.split(F.col("geo_location"), ">")
-    return (t["clicks_train"].join(events, "display_id", "left")
+    return (t["clicks_train"].withColumn(RAW_AD_ID, F.col("ad_id"))
+            .join(events, "display_id", "left")
             .join(promo, "ad_id", "left").join(meta, "document_id", "left")
             .join(promo_meta, "document_id_promo", "left")
             .withColumn("platform", F.when(F.col("platform").isin("1", "2", "3"),
@@ -101,7 +103,8 @@ def with_rates(rows: DataFrame, min_views: int) -> DataFrame:
 def top_values(table: DataFrame, id_col: str) -> DataFrame:
     """document_id -> up to HOTNESS ids by descending confidence (ties: smaller id)."""
     w = Window.partitionBy("document_id").orderBy(F.desc("confidence_level"), F.asc(id_col))
-    return (table.dropDuplicates(["document_id", id_col])
+    return (table.groupBy("document_id", id_col)
+            .agg(F.max("confidence_level").alias("confidence_level"))
             .withColumn("_r", F.row_number().over(w)).where(F.col("_r") <= HOTNESS)
             .groupBy("document_id")
             .agg(F.sort_array(F.collect_list(

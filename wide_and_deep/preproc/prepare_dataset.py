@@ -73,7 +73,7 @@ def transform(tables: dict, args, work: str):
                [F.col(n) for n, _, _ in REQUEST_MULTIHOT] +
                [F.coalesce(F.col(n), F.lit(0.0)).cast("float").alias(n) for n in NUMERICAL] +
                [F.col("clicked").cast("byte").alias(LABEL)])
-    ordered = rows.orderBy("display_id", "ad_id")
+    ordered = rows.orderBy("display_id", ob.RAW_AD_ID)
     train = ordered.where("is_train").select(*columns)
     test = ordered.where(~F.col("is_train")).select(*columns, F.col("display_id")
                                                     .cast("long").alias(DISPLAY_ID))
