@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 
 import numpy as np
 import polars as pl
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from preproc.spark_data_utils import (CATEGORICAL_COLUMNS, ID_COLUMNS, INTEGER_PATTERN,
+from preproc.spark_data_utils import (CATEGORICAL_COLUMNS, INTEGER_PATTERN,
                                       LABEL_COLUMN, MAX_CARDINALITY, MAX_COUNT_VALUE,
                                       NUM_FIELDS, NUMERICAL_COLUMNS, RARE_ID, PreprocError,
                                       FIRST_HALF_SPLIT, SECOND_HALF_SPLIT)
@@ -135,10 +136,10 @@ def count_days(days: list, test_day: int, progress) -> tuple:
 
 
 def build_dictionaries(counts: list, frequency_threshold: int, models_dir: str) -> tuple:
-    """Frequent values -> ids 1.. in the order (count desc, value asc by bytes); each table
+    """Frequent values -> ids 1.. in the order (count desc, value asc by bytes); the tables are
     also written to models_dir/feature=<i>/ like the Spark engine's. Returns (tables,
     cardinalities)."""
-    tables, cards = [], []
+    tables = []
     for i, table in enumerate(counts):
         if frequency_threshold > 1:
             table = table.filter(pl.col("count") >= frequency_threshold)
@@ -148,32 +149,27 @@ def build_dictionaries(counts: list, frequency_threshold: int, models_dir: str) 
         if len(table) + 1 > MAX_CARDINALITY:
             raise PreprocError(f"feature {i} has more than {MAX_CARDINALITY} ids; raise the "
                                f"frequency threshold")
-        write_model(table, os.path.join(models_dir, f"feature={i}"))
         tables.append(table)
-        cards.append(len(table) + 1)
-    return tables, cards
+    write_models(tables, models_dir)
+    return tables, [len(t) + 1 for t in tables]
 
 
-def write_model(table: pl.DataFrame, path: str) -> None:
-    """One parquet file, written beside its place and renamed in."""
-    tmp = path + ".tmp"
-    os.makedirs(tmp, exist_ok=True)
-    for name in os.listdir(tmp):
-        os.remove(os.path.join(tmp, name))
-    if len(table):
-        pq.write_table(table.to_arrow(), os.path.join(tmp, "part-00000.parquet"))
-        os.replace(tmp, path) if not os.path.isdir(path) else _swap(tmp, path)
-    else:  # no frequent value: no directory, as with Spark's partitioned write
-        os.rmdir(tmp)
-
-
-def _swap(tmp: str, path: str) -> None:
-    old = path + ".old"
-    os.rename(path, old)
-    os.rename(tmp, path)
-    for name in os.listdir(old):
-        os.remove(os.path.join(old, name))
-    os.rmdir(old)
+def write_models(tables: list, models_dir: str) -> None:
+    """Every dictionary into a temporary sibling of models_dir, renamed into place (an earlier
+    run's models go as a whole, as with Spark's overwrite)."""
+    tmp, old = models_dir + ".tmp", models_dir + ".old"
+    for path in (tmp, old):
+        shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(tmp)
+    for i, table in enumerate(tables):
+        if len(table):  # no frequent value: no directory, as with Spark's partitioned write
+            os.makedirs(os.path.join(tmp, f"feature={i}"))
+            pq.write_table(table.to_arrow(),
+                           os.path.join(tmp, f"feature={i}", "part-00000.parquet"))
+    if os.path.isdir(models_dir):
+        os.rename(models_dir, old)
+    os.rename(tmp, models_dir)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 # ---- pass 2: apply ----------------------------------------------------------------------
