@@ -31,6 +31,8 @@ from preproc.spark_data_utils import (CATEGORICAL_COLUMNS, INTEGER_PATTERN,
 BLOCK_BYTES = 64 << 20
 # count tables of a feature are merged once this many blocks' tables have piled up
 MERGE_EVERY = 8
+# a progress line every this many blocks (1 GiB of text) inside a day file
+PROGRESS_EVERY = 16
 FIELD_NAMES = [LABEL_COLUMN, *NUMERICAL_COLUMNS, *CATEGORICAL_COLUMNS]
 
 
@@ -50,11 +52,11 @@ def _split_block(block: bytes, path: str, offset: int) -> pa.Array:
     return lines.slice(0, len(lines) - 1)  # the empty piece after the last line end
 
 
-def read_lines(path: str):
+def read_lines(path: str, progress=None):
     """Yield the lines of a day file (plain or .gz) in order, as arrow string arrays of about
-    BLOCK_BYTES of text each."""
+    BLOCK_BYTES of text each; progress(message) now and then, if given."""
     opener = gzip.open if path.endswith(".gz") else open
-    carry, offset = b"", 0
+    carry, offset, blocks = b"", 0, 0
     with opener(path, "rb") as f:
         while True:
             chunk = f.read(BLOCK_BYTES)
@@ -68,7 +70,9 @@ def read_lines(path: str):
             cut = max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1)) + 1
             if cut:
                 yield _split_block(data[:cut], path, offset)
-            carry, offset = data[cut:], offset + cut
+            carry, offset, blocks = data[cut:], offset + cut, blocks + 1
+            if progress and blocks % PROGRESS_EVERY == 0:
+                progress(f"    {os.path.basename(path)}: {offset >> 20} MiB of text read")
 
 
 # ---- parsing ----------------------------------------------------------------------------
@@ -118,7 +122,7 @@ def count_days(days: list, test_day: int, progress) -> tuple:
     lines_per_day, malformed = {}, 0
     for day, path in enumerate(days):
         lines_per_day[day] = 0
-        for lines in read_lines(path):
+        for lines in read_lines(path, progress):
             lines_per_day[day] += len(lines)
             if day == test_day:
                 malformed += count_malformed(lines)
@@ -183,7 +187,7 @@ def apply_days(days: list, test_day: int, lines_per_day: dict, tables: list, wri
     half = lines_per_day[test_day] // 2
     for day, path in enumerate(days):
         first = 0
-        for lines in read_lines(path):
+        for lines in read_lines(path, progress):
             rows = parse_block(lines).with_columns(*ids)
             if day < test_day:
                 pieces = [("train", rows)]
