@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import shutil
 
 import numpy as np
 import polars as pl
@@ -22,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from preproc.spark_data_utils import (CATEGORICAL_COLUMNS, ID_COLUMNS, INTEGER_PATTERN,
+from preproc.spark_data_utils import (CATEGORICAL_COLUMNS, INTEGER_PATTERN,
                                       LABEL_COLUMN, MAX_CARDINALITY, MAX_COUNT_VALUE,
                                       NUM_FIELDS, NUMERICAL_COLUMNS, RARE_ID, PreprocError,
                                       FIRST_HALF_SPLIT, SECOND_HALF_SPLIT)
@@ -30,6 +31,8 @@ from preproc.spark_data_utils import (CATEGORICAL_COLUMNS, ID_COLUMNS, INTEGER_P
 BLOCK_BYTES = 64 << 20
 # count tables of a feature are merged once this many blocks' tables have piled up
 MERGE_EVERY = 8
+# a progress line every this many blocks (1 GiB of text) inside a day file
+PROGRESS_EVERY = 16
 FIELD_NAMES = [LABEL_COLUMN, *NUMERICAL_COLUMNS, *CATEGORICAL_COLUMNS]
 
 
@@ -49,11 +52,11 @@ def _split_block(block: bytes, path: str, offset: int) -> pa.Array:
     return lines.slice(0, len(lines) - 1)  # the empty piece after the last line end
 
 
-def read_lines(path: str):
+def read_lines(path: str, progress=None):
     """Yield the lines of a day file (plain or .gz) in order, as arrow string arrays of about
-    BLOCK_BYTES of text each."""
+    BLOCK_BYTES of text each; progress(message) now and then, if given."""
     opener = gzip.open if path.endswith(".gz") else open
-    carry, offset = b"", 0
+    carry, offset, blocks = b"", 0, 0
     with opener(path, "rb") as f:
         while True:
             chunk = f.read(BLOCK_BYTES)
@@ -67,7 +70,9 @@ def read_lines(path: str):
             cut = max(data.rfind(b"\n"), data.rfind(b"\r", 0, len(data) - 1)) + 1
             if cut:
                 yield _split_block(data[:cut], path, offset)
-            carry, offset = data[cut:], offset + cut
+            carry, offset, blocks = data[cut:], offset + cut, blocks + 1
+            if progress and blocks % PROGRESS_EVERY == 0:
+                progress(f"    {os.path.basename(path)}: {offset >> 20} MiB of text read")
 
 
 # ---- parsing ----------------------------------------------------------------------------
@@ -117,7 +122,7 @@ def count_days(days: list, test_day: int, progress) -> tuple:
     lines_per_day, malformed = {}, 0
     for day, path in enumerate(days):
         lines_per_day[day] = 0
-        for lines in read_lines(path):
+        for lines in read_lines(path, progress):
             lines_per_day[day] += len(lines)
             if day == test_day:
                 malformed += count_malformed(lines)
@@ -135,10 +140,10 @@ def count_days(days: list, test_day: int, progress) -> tuple:
 
 
 def build_dictionaries(counts: list, frequency_threshold: int, models_dir: str) -> tuple:
-    """Frequent values -> ids 1.. in the order (count desc, value asc by bytes); each table
+    """Frequent values -> ids 1.. in the order (count desc, value asc by bytes); the tables are
     also written to models_dir/feature=<i>/ like the Spark engine's. Returns (tables,
     cardinalities)."""
-    tables, cards = [], []
+    tables = []
     for i, table in enumerate(counts):
         if frequency_threshold > 1:
             table = table.filter(pl.col("count") >= frequency_threshold)
@@ -148,32 +153,27 @@ def build_dictionaries(counts: list, frequency_threshold: int, models_dir: str) 
         if len(table) + 1 > MAX_CARDINALITY:
             raise PreprocError(f"feature {i} has more than {MAX_CARDINALITY} ids; raise the "
                                f"frequency threshold")
-        write_model(table, os.path.join(models_dir, f"feature={i}"))
         tables.append(table)
-        cards.append(len(table) + 1)
-    return tables, cards
+    write_models(tables, models_dir)
+    return tables, [len(t) + 1 for t in tables]
 
 
-def write_model(table: pl.DataFrame, path: str) -> None:
-    """One parquet file, written beside its place and renamed in."""
-    tmp = path + ".tmp"
-    os.makedirs(tmp, exist_ok=True)
-    for name in os.listdir(tmp):
-        os.remove(os.path.join(tmp, name))
-    if len(table):
-        pq.write_table(table.to_arrow(), os.path.join(tmp, "part-00000.parquet"))
-        os.replace(tmp, path) if not os.path.isdir(path) else _swap(tmp, path)
-    else:  # no frequent value: no directory, as with Spark's partitioned write
-        os.rmdir(tmp)
-
-
-def _swap(tmp: str, path: str) -> None:
-    old = path + ".old"
-    os.rename(path, old)
-    os.rename(tmp, path)
-    for name in os.listdir(old):
-        os.remove(os.path.join(old, name))
-    os.rmdir(old)
+def write_models(tables: list, models_dir: str) -> None:
+    """Every dictionary into a temporary sibling of models_dir, renamed into place (an earlier
+    run's models go as a whole, as with Spark's overwrite)."""
+    tmp, old = models_dir + ".tmp", models_dir + ".old"
+    for path in (tmp, old):
+        shutil.rmtree(path, ignore_errors=True)
+    os.makedirs(tmp)
+    for i, table in enumerate(tables):
+        if len(table):  # no frequent value: no directory, as with Spark's partitioned write
+            os.makedirs(os.path.join(tmp, f"feature={i}"))
+            pq.write_table(table.to_arrow(),
+                           os.path.join(tmp, f"feature={i}", "part-00000.parquet"))
+    if os.path.isdir(models_dir):
+        os.rename(models_dir, old)
+    os.rename(tmp, models_dir)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 # ---- pass 2: apply ----------------------------------------------------------------------
@@ -187,7 +187,7 @@ def apply_days(days: list, test_day: int, lines_per_day: dict, tables: list, wri
     half = lines_per_day[test_day] // 2
     for day, path in enumerate(days):
         first = 0
-        for lines in read_lines(path):
+        for lines in read_lines(path, progress):
             rows = parse_block(lines).with_columns(*ids)
             if day < test_day:
                 pieces = [("train", rows)]

@@ -124,7 +124,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="prepare_dataset",
         description="Raw Criteo click logs (day_0 .. day_K) -> split-binary DLRM dataset. "
-                    "Days 0..K-1 train; day K: first half test, second half validation.")
+                    "Days 0..K-1 train; day K: first half validation, second half test.")
     p.add_argument("--engine", default=env("PREPROC_ENGINE") or "spark",
                    help="spark (default: local mode, or a cluster with --master) or local "
                         "(polars in this process, one machine; see preproc/README.md)")

@@ -20,7 +20,7 @@ Rules (also in preproc/README.md):
   other value, including values never seen in training, gets the shared id 0.
   Cardinality = number of frequent values + 1.
 * With day files day_0 .. day_K: days 0..K-1 are the training set; the lines of day K with
-  position < floor(lines_K / 2) are the test set and the rest the validation set.
+  position < floor(lines_K / 2) are the validation set and the rest the (hold-out) test set.
 * Row order inside every split is (day, line position in the day file).
 """
 from __future__ import annotations
@@ -45,9 +45,10 @@ MAX_COUNT_VALUE = 1e300
 # pos = day * 2**LINE_BITS + line: one sortable key for (day, line position).
 LINE_BITS = 40
 
-# the last day file: its first half (by line position) and its second half
-FIRST_HALF_SPLIT = "test"
-SECOND_HALF_SPLIT = "validation"
+# the last day file: its first half (by line position) is the validation set, its second half
+# the hold-out test set, as in the reference preprocessing
+FIRST_HALF_SPLIT = "validation"
+SECOND_HALF_SPLIT = "test"
 
 SPLIT_COLUMN = "split"
 POS_COLUMN = "pos"

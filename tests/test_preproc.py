@@ -80,7 +80,8 @@ def reference(days, threshold):
     train = frame([line for day in days[:-1] for line in day])
     last = days[-1]
     half = len(last) // 2
-    splits = {"train": train, "test": frame(last[:half]), "validation": frame(last[half:])}
+    # the last day: first half validation, second half the hold-out test set
+    splits = {"train": train, "validation": frame(last[:half]), "test": frame(last[half:])}
     dictionaries, cards = [], []
     for i in range(1, 27):
         counts = train[f"C{i}"].value_counts()
@@ -228,8 +229,8 @@ def test_rows_labels_and_spec(runs, expected, threshold):
     spec, data = runs[threshold]["output"]
     ref, cards, _ = expected[threshold]
     rows = {m: len(ref[m]["label"]) for m in MAPPINGS}
-    # 3334 real + odd line (malformed dropped) + 3333 train; day_2: 1666 test, 1667 validation
-    assert rows == {"train": 6668, "test": 1666, "validation": 1667}
+    # 3334 real + odd line (malformed dropped) + 3333 train; day_2: 1666 validation, 1667 test
+    assert rows == {"train": 6668, "test": 1667, "validation": 1666}
     assert spec["metadata"]["rows"] == rows
     assert spec["metadata"]["malformed_lines"] == 1
     assert spec["metadata"]["frequency_threshold"] == threshold
@@ -357,6 +358,23 @@ def test_dictionaries_saved(runs):
     cards = runs[2]["summary"]["cardinalities"]
     assert sorted(table["id"]) == list(range(1, cards[0]))
     assert (table["count"] >= 2).all()
+
+
+def test_last_day_first_half_is_validation_second_half_test(runs, local_runs):
+    """As in the reference preprocessing: the first half of the last day (by line) is the
+    validation set, the second half the hold-out test set. Expected values straight from the
+    raw lines of day_2."""
+    last = runs["days"][2]
+    half = len(last) // 2
+    first = last[0].split("\t")
+    for output in (runs[0]["output"][1], local_runs[0]["output"][1]):
+        assert len(output["validation"]["label"]) == half == 1666
+        assert len(output["test"]["label"]) == len(last) - half == 1667
+        assert output["validation"]["label"].tolist() == [l[0] == "1" for l in last[:half]]
+        assert output["test"]["label"].tolist() == [l[0] == "1" for l in last[half:]]
+        want = [np.log(max(int(x), 0) + 2) if x else np.log(2) for x in first[1:14]]
+        np.testing.assert_allclose(output["validation"]["numerical"][0].astype(np.float64),
+                                   want, rtol=2 ** -10)
 
 
 @pytest.mark.parametrize("threshold", [0, 2])
