@@ -49,7 +49,7 @@ def train(trainer, spec, train_pipe, test_dataset, logger, position: dict, opts)
     if opts.benchmark:
         total = min(total, opts.benchmark_warmup_steps + opts.benchmark_steps)
     progress = Progress(total, opts.global_batch_size)
-    step, metrics, timed = position["step"], {}, []
+    step, metrics, timed = position["step"], None, []
     for epoch in range(position["epoch"], opts.epochs):
         for batch in _train_batches(train_pipe, epoch, opts.repeat_count,
                                     opts.max_batches_per_epoch):
@@ -75,6 +75,8 @@ def train(trainer, spec, train_pipe, test_dataset, logger, position: dict, opts)
                          f"{metrics['test_loss']:.6f}")
         progress.restart_interval()
         position = {"epoch": epoch + 1, "step": step}
+    if metrics is None:  # stopped inside the first epoch (--benchmark) or nothing to train
+        metrics = evaluate(trainer, spec, test_dataset)
     final = dict(metrics, step=step)
     if opts.benchmark:
         final.update(_benchmark_figures(timed[opts.benchmark_warmup_steps:]))

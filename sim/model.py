@@ -84,10 +84,12 @@ class SimModel(tf.Module):
                                 for t, n in enumerate(c.item_cardinalities)]
             self.short_attention = layers.AttentionUnit(item_width, c.attention_mlp_dims, seed,
                                                         1000, "short_attention")
-            self.gru = layers.GRU(item_width, item_width, seed, 1100, "interest_extractor")
-            self.augru = layers.GRU(item_width, item_width, seed, 1200, "interest_evolution")
-            self.aux_mlp = MLP(2 * item_width, tuple(c.aux_mlp_dims) + (1,), False, seed,
-                               1300, "aux_mlp")
+            if c.model_type != "din":
+                self.gru = layers.GRU(item_width, item_width, seed, 1100, "interest_extractor")
+                self.augru = layers.GRU(item_width, item_width, seed, 1200,
+                                        "interest_evolution")
+                self.aux_mlp = MLP(2 * item_width, tuple(c.aux_mlp_dims) + (1,), False, seed,
+                                   1300, "aux_mlp")
             user_width = dim * len(c.user_cardinalities)
             if c.model_type == "sim":
                 self.gsu_scorer = layers.AttentionUnit(item_width, c.stage_one_mlp_dims, seed,
@@ -111,14 +113,12 @@ class SimModel(tf.Module):
         return out
 
     def dense_variables(self) -> dict:
-        """Every non-table variable by checkpoint name, only those this model type uses."""
-        c, out = self.config, {}
-        if c.model_type == "din":
-            out.update(self.short_attention.named_variables("short_attention"))
-        else:
+        """Every non-table variable by checkpoint name."""
+        c = self.config
+        out = self.short_attention.named_variables("short_attention")
+        if c.model_type != "din":
             out.update(self.gru.named_variables("interest_extractor"))
             out.update(self.augru.named_variables("interest_evolution"))
-            out.update(self.short_attention.named_variables("short_attention"))
             out.update(self.aux_mlp.named_variables("aux_mlp"))
         if c.model_type == "sim":
             out.update(self.gsu_scorer.named_variables("gsu_scorer"))
@@ -151,14 +151,13 @@ class SimModel(tf.Module):
         per item feature, 'length' [B]. Returns the embedded tensors and masks that forward()
         reads; only the parts this model type uses are looked up."""
         parts = [self.split_history(ids, inputs["length"]) for ids in inputs["positive"]]
-        negative_short = [self.split_history(ids, inputs["length"])[2]
-                          for ids in inputs["negative"]]
         out = {"user": tf.concat([tf.nn.embedding_lookup(t, ids) for t, ids in
                                   zip(self.user_tables, inputs["user"])], axis=-1),
                "target": self._item(inputs["target"]),
                "short": self._item([p[2] for p in parts]), "short_mask": parts[0][3]}
         if self.config.model_type != "din":
-            out["short_negative"] = self._item(negative_short)
+            out["short_negative"] = self._item([self.split_history(ids, inputs["length"])[2]
+                                                for ids in inputs["negative"]])
         if self.config.model_type == "sim":
             out["long"] = self._item([p[0] for p in parts])
             out["long_mask"] = parts[0][1]

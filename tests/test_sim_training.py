@@ -74,18 +74,19 @@ def test_long_signal_needs_the_long_history(data, tmp_path):
 
 
 def test_fixed_seed_gives_identical_runs_and_resume_equals_uninterrupted(data, tmp_path):
+    """Three runs with one seed (dropout on): two epochs; one epoch saved; its resumption.
+    The one-epoch run repeats the first epoch of the other exactly, and the resumed run
+    continues it exactly."""
     args = ["--print_freq", "1", "--dropout_rate", "0.3", "--seed", "5",
             "--global_batch_size", "64"]
     whole = train(data["tiny"], tmp_path / "whole", "--epochs", "2", *args)
-    again = train(data["tiny"], tmp_path / "again", "--epochs", "2", *args)
-    assert len(step_losses(whole)) == 8
-    assert step_losses(whole) == step_losses(again)
-    assert final_auc(whole) == final_auc(again)
     ckpt = str(tmp_path / "ckpt")
     first = train(data["tiny"], tmp_path / "first", "--epochs", "1",
                   "--save_checkpoint_path", ckpt, *args)
     second = train(data["tiny"], tmp_path / "second", "--epochs", "2",
                    "--load_checkpoint_path", ckpt, *args)
+    assert len(step_losses(whole)) == 8
+    assert step_losses(first) == step_losses(whole)[:4]
     assert step_losses(first) + step_losses(second) == step_losses(whole)
     assert final_auc(second) == final_auc(whole)
 
