@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST_ARGS ?=
 
-.PHONY: setup test demo demo-sim bench clean
+.PHONY: setup test demo demo-wd demo-sim bench clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -17,6 +17,10 @@ demo: setup
 # SIM vs DIN on synthetic data with a long-history signal (sim/README.md)
 demo-sim: setup
 	@bash tools/demo_sim.sh
+
+# Wide & Deep on synthetic Outbrain-shaped data (wide_and_deep/README.md)
+demo-wd: setup
+	@bash tools/demo_wd.sh
 
 bench: setup
 	$(PY) bench/loader_throughput.py

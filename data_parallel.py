@@ -20,10 +20,9 @@ def sum_gradients(comm, grads: list) -> list:
 
 
 def gather_to_root(comm, array: np.ndarray):
-    """Every rank's rows concatenated in rank order on rank 0 (None elsewhere)."""
-    if comm.size == 1:
-        return np.asarray(array)
-    gathered = comm.allgather(tf.convert_to_tensor(array))
+    """Every rank's rows concatenated in rank order on rank 0 (None elsewhere); only rank 0
+    holds them, so evaluation memory per rank does not grow with the world size."""
+    gathered = comm.gather_to_root(np.asarray(array))
     return np.asarray(gathered) if comm.rank == 0 else None
 
 

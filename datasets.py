@@ -483,10 +483,7 @@ def pad_ragged(flat: np.ndarray, lengths: np.ndarray, width: int, feature: str,
         raise DatasetError(f"{where}: feature '{feature}' row {first_row + row} has "
                            f"{lengths[row]} values, more than its dimensions [{width}]")
     out = np.zeros((lengths.size, width), dtype=flat.dtype)
-    rows = np.repeat(np.arange(lengths.size), lengths)
-    starts = np.cumsum(lengths) - lengths
-    cols = np.arange(flat.size) - np.repeat(starts, lengths)
-    out[rows, cols] = flat
+    out[np.arange(width)[None, :] < lengths[:, None]] = flat  # row-major: values in order
     return out
 
 
@@ -871,5 +868,10 @@ def write_columns(output_dir: str, spec: FeatureSpec, mappings: dict, output_for
 
 def _take_rows(value, start: int, stop: int):
     if isinstance(value, tuple):
-        return value[0][start:stop], value[1][start:stop]
+        values, lengths = np.asarray(value[0]), np.asarray(value[1])
+        if values.ndim == 1:  # flat values: row r starts at the sum of the lengths before it
+            offsets = np.concatenate([[0], np.cumsum(lengths)])
+            stop = min(stop, lengths.size)
+            return values[offsets[start]:offsets[stop]], lengths[start:stop]
+        return values[start:stop], lengths[start:stop]
     return value[start:stop]

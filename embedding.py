@@ -20,9 +20,25 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from initializers import embedding_uniform
+from initializers import embedding_uniform_chunks
 
 BYTES_PER_ELEMENT = 4  # tables are stored in float32, also under mixed precision
+
+
+def table_variable(rows: int, dim: int, seed: int, table: int, col_start: int = 0,
+                   col_stop: int = None, trainable: bool = True, name: str = None) -> tf.Variable:
+    """Columns [col_start, col_stop) of embedding table `table` as a plain tf.Variable (looked
+    up with tf.nn.embedding_lookup, updated by sparse row updates), initialised uniform in
+    +-sqrt(1/rows). Filled in row chunks: a whole numpy copy would double peak host memory."""
+    col_stop = dim if col_stop is None else col_stop
+    var = tf.Variable(tf.zeros([rows, col_stop - col_start]), trainable=trainable, name=name)
+    for start, block in embedding_uniform_chunks(rows, dim, seed, table, col_start, col_stop):
+        # the raw op writes in place; var[a:b].assign() first reads the variable, and that
+        # shared buffer makes the write copy the whole table
+        tf.raw_ops.ResourceStridedSliceAssign(ref=var.handle, begin=[start],
+                                              end=[start + block.shape[0]], strides=[1],
+                                              value=block)
+    return var
 
 
 @dataclass(frozen=True)
@@ -129,8 +145,12 @@ class Communicator:
     def allreduce_sum(self, tensor, name=None):
         return tensor
 
-    def allgather(self, tensor, name=None):
-        return tensor
+    def gather_to_root(self, array):
+        """Every rank's 1-D array concatenated in rank order on rank 0 (empty elsewhere)."""
+        return array
+
+    def broadcast_from_root(self, array):
+        return array
 
     def broadcast_variables(self, variables):
         pass
@@ -156,8 +176,7 @@ class EmbeddingLayer(tf.Module):
             offload = offload_threshold_bytes and rows * (c1 - c0) * BYTES_PER_ELEMENT \
                 > offload_threshold_bytes
             with tf.device("/CPU:0" if offload else None):
-                return tf.Variable(embedding_uniform(rows, plan.dim, seed, table, c0, c1),
-                                   trainable=trainable, name=name)
+                return table_variable(rows, plan.dim, seed, table, c0, c1, trainable, name)
 
         with self.name_scope:
             self.piece_variables = [
@@ -172,37 +191,53 @@ class EmbeddingLayer(tf.Module):
         return ([(p, v) for p, v in zip(self.local_pieces, self.piece_variables)]
                 + [(t, v) for t, v in self.replicated_variables.items()])
 
-    def __call__(self, categorical, local_rows):
+    def local_rows(self, global_rows):
+        """(start, stop) of this rank's rows within a global batch of `global_rows`."""
+        rank, size = self.comm.rank, self.comm.size
+        return global_rows * rank // size, global_rows * (rank + 1) // size
+
+    def __call__(self, categorical, global_rows):
         """categorical: id tensors [B_global] for self.read_tables, in that order;
-        local_rows: (start, stop) of this rank's rows within the global batch."""
+        global_rows: B_global (given, since a rank may read no ids at all)."""
+        return self.lookup(categorical, global_rows)[0]
+
+    def lookup(self, categorical, global_rows, tape=None):
+        """(embedded, extra gradient sources). A training step differentiates `embedded` with
+        respect to the tables and the extra sources: a rank without model-parallel pieces
+        must still send the backward all-to-all, so its (empty) all-to-all input is watched
+        on `tape` and returned as a source."""
         ids = dict(zip(self.read_tables, categorical))
-        vectors = {}
+        vectors, sources = {}, []
         if self.comm.size == 1:
             for p, var in zip(self.local_pieces, self.piece_variables):
                 vectors.setdefault(p.table, []).append(tf.nn.embedding_lookup(var, ids[p.table]))
         else:
-            vectors = self._exchange(ids)
-        start, stop = local_rows
+            vectors, sources = self._exchange(ids, global_rows, tape)
+        start, stop = self.local_rows(global_rows)
         for t, var in self.replicated_variables.items():
             vectors[t] = [tf.nn.embedding_lookup(var, ids[t][start:stop])]
         per_table = [v[0] if len(v) == 1 else tf.concat(v, axis=1)
                      for _, v in sorted(vectors.items())]
-        return tf.stack(per_table, axis=1)
+        return tf.stack(per_table, axis=1), sources
 
-    def _exchange(self, ids):
-        """Model-parallel lookups for the global batch -> each rank's local rows (all-to-all)."""
+    def _exchange(self, ids, global_batch, tape):
+        """Model-parallel lookups for the global batch -> each rank's local rows (all-to-all);
+        also the extra gradient sources of lookup()."""
         plan, comm = self.plan, self.comm
-        global_batch = tf.shape(ids[self.read_tables[0]])[0]
         bounds = [global_batch * r // comm.size for r in range(comm.size + 1)]
         local = [tf.nn.embedding_lookup(var, ids[p.table])
                  for p, var in zip(self.local_pieces, self.piece_variables)]
         my_width = sum(p.width for p in self.local_pieces)
+        sources = []
         if local:
             send = tf.concat(local, axis=1)  # [B_global, my_width]
         else:
             send = tf.zeros([global_batch, 0], dtype=tf.float32)
         # rows bounds[r]:bounds[r+1] go to rank r, flattened
         send_flat = tf.reshape(send, [-1])
+        if not local and tape is not None:
+            tape.watch(send_flat)
+            sources = [send_flat]
         splits = tf.stack([(bounds[r + 1] - bounds[r]) * my_width for r in range(comm.size)])
         received = comm.alltoall(send_flat, splits)
         my_rows = bounds[comm.rank + 1] - bounds[comm.rank]
@@ -217,4 +252,4 @@ class EmbeddingLayer(tf.Module):
                 vectors.setdefault(p.table, []).append((p.col_start, block[:, col:col + p.width]))
                 col += p.width
         return {t: [v for _, v in sorted(parts, key=lambda x: x[0])]
-                for t, parts in vectors.items()}
+                for t, parts in vectors.items()}, sources

@@ -23,7 +23,7 @@ class ServingModel(tf.Module):
     def _serve(self, numerical, categorical):
         rows = tf.shape(categorical)[0]
         ids = [tf.cast(categorical[:, t], dt) for t, dt in enumerate(self.id_dtypes)]
-        logits = self.model(numerical, ids, (0, rows))
+        logits = self.model(numerical, ids, rows)
         return {"probabilities": tf.sigmoid(logits)}
 
 

@@ -12,17 +12,17 @@ from embedding import Communicator
 
 
 class HorovodCommunicator(Communicator):
-    def __init__(self):
+    def __init__(self, configure_devices=lambda local_rank: None):
+        """configure_devices(local_rank) runs after hvd.init() and before any TensorFlow op:
+        device settings cannot change once TensorFlow is initialised."""
         import horovod.tensorflow as hvd
         hvd.init()
         self.hvd = hvd
         self.rank, self.size = hvd.rank(), hvd.size()
+        configure_devices(hvd.local_rank())
         # bytes this rank sent to other ranks through all-to-all, forward and backward
         self.alltoall_bytes = tf.Variable(0, dtype=tf.int64, trainable=False,
                                           name="alltoall_bytes_sent")
-        gpus = tf.config.list_physical_devices("GPU")
-        if gpus:
-            tf.config.set_visible_devices(gpus[hvd.local_rank() % len(gpus)], "GPU")
 
     def _count(self, tensor, splits):
         sent = tf.reduce_sum(splits) - splits[self.rank]
@@ -49,8 +49,15 @@ class HorovodCommunicator(Communicator):
     def allreduce_sum(self, tensor, name=None):
         return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=name)
 
-    def allgather(self, tensor, name=None):
-        return self.hvd.allgather(tf.convert_to_tensor(tensor), name=name).numpy()
+    def gather_to_root(self, array):
+        """An all-to-all in which every rank sends its whole 1-D array to rank 0 only."""
+        tensor = tf.convert_to_tensor(array)
+        splits = tf.constant([tensor.shape[0]] + [0] * (self.size - 1), tf.int32)
+        received, _ = self.hvd.alltoall(tensor, splits=splits)
+        return received.numpy()
+
+    def broadcast_from_root(self, array):
+        return self.hvd.broadcast(tf.convert_to_tensor(array), root_rank=0).numpy()
 
     def broadcast_variables(self, variables):
         self.hvd.broadcast_variables(variables, root_rank=0)

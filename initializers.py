@@ -21,18 +21,17 @@ def bias_normal(units: int, seed: int, key: int) -> np.ndarray:
     return (rng.standard_normal(units) * np.sqrt(1.0 / units)).astype(np.float32)
 
 
-def embedding_uniform(rows: int, dim: int, seed: int, table: int, col_start: int = 0,
-                      col_stop: int = None) -> np.ndarray:
-    """Columns [col_start, col_stop) of table `table`, uniform in +-sqrt(1/rows).
+def embedding_uniform_chunks(rows: int, dim: int, seed: int, table: int, col_start: int = 0,
+                             col_stop: int = None):
+    """Columns [col_start, col_stop) of table `table`, uniform in +-sqrt(1/rows), as
+    (first row, block) pairs of at most TABLE_INIT_CHUNK_ROWS rows.
 
-    Generated in row chunks with one generator per chunk, so a column slice equals the same
-    columns of the whole table without building the whole table."""
+    One generator per chunk, so a column slice equals the same columns of the whole table
+    and no caller ever needs the whole table in numpy."""
     col_stop = dim if col_stop is None else col_stop
-    bound = np.sqrt(1.0 / rows)
-    out = np.empty((rows, col_stop - col_start), dtype=np.float32)
+    bound = np.float32(np.sqrt(1.0 / rows))
     for chunk, start in enumerate(range(0, rows, TABLE_INIT_CHUNK_ROWS)):
         stop = min(start + TABLE_INIT_CHUNK_ROWS, rows)
         rng = np.random.default_rng([seed, 1_000_000 + table, chunk])
         block = rng.random((stop - start, dim), dtype=np.float32)
-        out[start:stop] = (block[:, col_start:col_stop] * 2 - 1) * bound
-    return out
+        yield start, (block[:, col_start:col_stop] * 2 - 1) * bound

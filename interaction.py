@@ -66,10 +66,12 @@ def _load_cuda_op():
     return cuda_interact, None
 
 
-def select_dot_implementation(requested: str = "auto", use_cpu: bool = False):
+def select_dot_implementation(requested: str = "auto", use_cpu: bool = False,
+                              xla: bool = False, export: bool = False):
     """Pick the dot-interaction function: the CUDA op when it is loaded and a GPU is used,
     else the TensorFlow implementation. `requested` forces one; impossible requests fail
-    with an error that says why."""
+    with an error that says why. With `xla` (the op has no XLA kernel) or `export` (a
+    SavedModel must load without the op library) auto means TensorFlow."""
     if requested not in DOT_IMPLEMENTATIONS:
         raise ValueError(f"--dot_interaction must be one of {DOT_IMPLEMENTATIONS}, "
                          f"found '{requested}'")
@@ -77,22 +79,36 @@ def select_dot_implementation(requested: str = "auto", use_cpu: bool = False):
         return dot_interact_tf
     has_gpu = not use_cpu and bool(tf.config.list_logical_devices("GPU"))
     if requested == "custom_cuda":
-        if use_cpu:
-            raise ValueError("--dot_interaction=custom_cuda runs on GPUs only; it cannot be "
-                             "combined with --cpu (use --dot_interaction=tensorflow)")
-        if not has_gpu:
-            raise ValueError("--dot_interaction=custom_cuda needs a GPU, and TensorFlow sees "
-                             "none (use --dot_interaction=tensorflow)")
-        op, reason = _load_cuda_op()
-        if op is None:
-            raise ValueError(f"--dot_interaction=custom_cuda: the CUDA op cannot be loaded: "
-                             f"{reason}")
-        return op.dot_based_interact
+        return _required_op(use_cpu, has_gpu, xla)
+    if has_gpu and (xla or export):
+        why = ("--xla compiles the interaction and the CUDA op has no XLA kernel" if xla else
+               "--mode deploy exports a SavedModel that loads without the op library "
+               "(--dot_interaction=custom_cuda keeps the op)")
+        print(f"dot interaction: using TensorFlow, since {why}", file=sys.stderr)
+        return dot_interact_tf
     if has_gpu:
         op, _ = _load_cuda_op()
         if op is not None and _op_runs(op):
             return op.dot_based_interact
     return dot_interact_tf
+
+
+def _required_op(use_cpu: bool, has_gpu: bool, xla: bool):
+    """The CUDA op for --dot_interaction=custom_cuda, or an error saying why it cannot run."""
+    if use_cpu:
+        raise ValueError("--dot_interaction=custom_cuda runs on GPUs only; it cannot be "
+                         "combined with --cpu (use --dot_interaction=tensorflow)")
+    if not has_gpu:
+        raise ValueError("--dot_interaction=custom_cuda needs a GPU, and TensorFlow sees "
+                         "none (use --dot_interaction=tensorflow)")
+    if xla:
+        raise ValueError("--dot_interaction=custom_cuda cannot be combined with --xla: the "
+                         "CUDA op has no XLA kernel (use --dot_interaction=auto)")
+    op, reason = _load_cuda_op()
+    if op is None:
+        raise ValueError(f"--dot_interaction=custom_cuda: the CUDA op cannot be loaded: "
+                         f"{reason}")
+    return op.dot_based_interact
 
 
 def _op_runs(op) -> bool:

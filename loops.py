@@ -6,15 +6,13 @@ import time
 import numpy as np
 
 from metrics import log_loss, roc_auc
-
-
-def format_seconds(seconds: float) -> str:
-    seconds = int(max(seconds, 0))
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+from progress import Progress
 
 
 def evaluate(trainer, pipe) -> dict:
-    """AUC and mean log loss over every row of the evaluation data (all ranks gathered)."""
+    """AUC and mean log loss over every row of the evaluation data. Only rank 0 gathers the
+    predictions of all ranks (eval memory per rank does not grow with the world size); it
+    computes the exact figures and broadcasts them."""
     comm = trainer.comm
     predictions, labels = [], []
     for batch in pipe.epoch():
@@ -22,10 +20,62 @@ def evaluate(trainer, pipe) -> dict:
         labels.append(batch[2].numpy())
     predictions = np.concatenate(predictions) if predictions else np.zeros(0, np.float32)
     labels = np.concatenate(labels) if labels else np.zeros(0, np.float32)
-    predictions = np.asarray(comm.allgather(predictions))
-    labels = np.asarray(comm.allgather(labels))
-    return {"auc": roc_auc(labels, predictions), "validation_loss": log_loss(labels, predictions),
-            "eval_samples": int(labels.size)}
+    predictions, labels = comm.gather_to_root(predictions), comm.gather_to_root(labels)
+    figures = np.zeros(3)
+    if comm.rank == 0:
+        figures = np.array([roc_auc(labels, predictions), log_loss(labels, predictions),
+                            labels.size], np.float64)
+    auc, loss, samples = comm.broadcast_from_root(figures)
+    return {"auc": float(auc), "validation_loss": float(loss), "eval_samples": int(samples)}
+
+
+class _Reporter:
+    """Progress lines and records; an interval's steps, time and all-to-all bytes are
+    restarted together after an evaluation or a checkpoint."""
+
+    def __init__(self, trainer, logger, total_steps: int, samples_per_step: int):
+        self.trainer, self.logger = trainer, logger
+        self.progress = Progress(total_steps, samples_per_step, clock=time.perf_counter)
+        self.counts_bytes = hasattr(trainer.comm, "alltoall_bytes_sent")
+        self.bytes_sent = self._bytes()
+
+    def _bytes(self) -> int:
+        return self.trainer.comm.alltoall_bytes_sent() if self.counts_bytes else 0
+
+    def restart(self) -> None:
+        self.progress.restart_interval()
+        self.bytes_sent = self._bytes()
+
+    def report(self, epoch: int, step: int, loss) -> None:
+        self.trainer.check_finite()  # the only host sync of the training steps
+        report = self.progress.report(step)
+        lr = self.trainer.schedule(step - 1)
+        loss = float(loss)
+        record = {"loss": loss, "learning_rate": lr,
+                  "samples_per_second": report["samples_per_second"]}
+        if self.counts_bytes:
+            sent = self._bytes()
+            record["alltoall_bytes_per_step_rank0"] = ((sent - self.bytes_sent)
+                                                       / max(report["interval_steps"], 1))
+            self.bytes_sent = sent
+        self.logger.log((epoch, step), record)
+        self.logger.print(self.progress.line(step, report, epoch=epoch, loss=loss, lr=lr))
+
+
+def next_position(step: int, epoch: int, batch_in_epoch: int, steps_per_epoch: int) -> dict:
+    """Where a resumed run starts: the batch after the last one trained."""
+    if batch_in_epoch == steps_per_epoch:
+        epoch, batch_in_epoch = epoch + 1, 0
+    return {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch}
+
+
+def _evaluate_and_log(trainer, eval_pipe, logger, epoch: int, step: int) -> dict:
+    trainer.check_finite()
+    metrics = evaluate(trainer, eval_pipe)
+    logger.log((epoch, step), metrics)
+    logger.print(f"eval at step {step}: auc {metrics['auc']:.6f}  "
+                 f"validation_loss {metrics['validation_loss']:.6f}")
+    return metrics
 
 
 def train(trainer, train_pipe, eval_pipe, logger, position: dict, flags) -> dict:
@@ -37,71 +87,49 @@ def train(trainer, train_pipe, eval_pipe, logger, position: dict, flags) -> dict
     if flags.max_steps > 0:
         total_steps = min(total_steps, flags.max_steps)
     eval_every = max(steps_per_epoch // flags.evals_per_epoch, 1)
-    step = position["step"]
-    start_epoch, start_batch = position["epoch"], position["batch_in_epoch"]
-    metrics, last_eval_step = {}, None
-    interval_start, interval_steps, train_start = time.time(), 0, time.time()
-    samples_per_step = flags.batch_size
-    bytes_sent = 0
+    step, epoch, batch_in_epoch = (position["step"], position["epoch"],
+                                   position["batch_in_epoch"])
+    metrics, last_eval_step, train_start = {}, None, time.perf_counter()
+    reporter = _Reporter(trainer, logger, total_steps, flags.batch_size)
 
-    def save(epoch, batch_in_epoch):
+    def save():
         if flags.save_checkpoint_path:
             import checkpoint
-            if batch_in_epoch == steps_per_epoch:
-                epoch, batch_in_epoch = epoch + 1, 0
+            trainer.check_finite()
             checkpoint.save(flags.save_checkpoint_path, trainer,
-                            {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch})
+                            next_position(step, epoch, batch_in_epoch, steps_per_epoch))
             logger.log((epoch, step), {"checkpoint_saved": flags.save_checkpoint_path})
             logger.print(f"checkpoint saved at step {step}: {flags.save_checkpoint_path}")
 
     logger.print(f"training: {total_steps} steps ({steps_per_epoch} per epoch), global batch "
                  f"{flags.batch_size}, {trainer.comm.size} process(es)")
-    epoch, batch_in_epoch = start_epoch, start_batch
-    for epoch in range(start_epoch, flags.epochs):
-        if step >= total_steps:
-            break
-        first = start_batch if epoch == start_epoch else 0
-        batch_in_epoch = first
-        for batch in train_pipe.epoch(epoch, first):
+    while step < total_steps and epoch < flags.epochs:
+        for batch in train_pipe.epoch(epoch, batch_in_epoch):
             loss = trainer.train_step(batch, step)
-            step += 1
-            batch_in_epoch += 1
-            interval_steps += 1
+            step, batch_in_epoch = step + 1, batch_in_epoch + 1
+            reporter.progress.step_done()
             if step % flags.print_freq == 0 or step == total_steps:
-                now = time.time()
-                throughput = interval_steps * samples_per_step / (now - interval_start)
-                eta = (total_steps - step) * samples_per_step / throughput
-                lr = trainer.schedule(step - 1)
-                record = {"loss": loss, "learning_rate": lr, "samples_per_second": throughput}
-                if hasattr(trainer.comm, "alltoall_bytes_sent"):
-                    sent = trainer.comm.alltoall_bytes_sent()
-                    record["alltoall_bytes_per_step_rank0"] = (sent - bytes_sent) / interval_steps
-                    bytes_sent = sent
-                logger.log((epoch, step), record)
-                logger.print(f"step {step}/{total_steps}  epoch {epoch}  loss {loss:.5f}  "
-                             f"lr {lr:.4g}  samples/s {throughput:,.0f}  "
-                             f"ETA {format_seconds(eta)}")
-                interval_start, interval_steps = time.time(), 0
+                reporter.report(epoch, step, loss)
             if batch_in_epoch % eval_every == 0 or batch_in_epoch == steps_per_epoch \
                     or step == total_steps:
-                metrics = evaluate(trainer, eval_pipe)
-                last_eval_step = step
-                logger.log((epoch, step), metrics)
-                logger.print(f"eval at step {step}: auc {metrics['auc']:.6f}  "
-                             f"validation_loss {metrics['validation_loss']:.6f}")
-                interval_start = time.time()
+                metrics, last_eval_step = _evaluate_and_log(trainer, eval_pipe, logger,
+                                                            epoch, step), step
+                reporter.restart()
             if flags.checkpoint_steps and step % flags.checkpoint_steps == 0:
-                save(epoch, batch_in_epoch)
+                save()
+                reporter.restart()
             if step >= total_steps:
-                break
+                break  # the epoch is not advanced here: save() derives the next position
+        else:
+            epoch, batch_in_epoch = epoch + 1, 0
     if last_eval_step != step:
-        metrics = evaluate(trainer, eval_pipe)
-    elapsed = time.time() - train_start
+        metrics = _evaluate_and_log(trainer, eval_pipe, logger, epoch, step)
+    elapsed = time.perf_counter() - train_start
     final = dict(metrics, step=step, training_seconds=elapsed)
     logger.log((), final)
     logger.print(f"done: step {step}, auc {metrics.get('auc', float('nan')):.6f}, "
                  f"{elapsed:.1f} s")
-    save(epoch, batch_in_epoch)
+    save()
     return final
 
 

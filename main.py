@@ -38,8 +38,9 @@ flags.DEFINE_integer("warmup_steps", 8000, "Linear warmup from 0 over this many 
 flags.DEFINE_integer("decay_start_step", 48000, "Step where polynomial decay starts")
 flags.DEFINE_integer("decay_steps", 24000, "Length of the decay to 0 (power 2); 0: no decay")
 flags.DEFINE_bool("amp", False, "Mixed precision: float16 compute on GPUs, bfloat16 on "
-                  "CPUs; tables stay float32; static loss scaling with --loss_scale")
-flags.DEFINE_float("loss_scale", 1024.0, "Static loss scale used with --amp")
+                  "CPUs; tables stay float32; float16 uses dynamic loss scaling")
+flags.DEFINE_float("loss_scale", None, "A static loss scale for --amp instead of the "
+                   "default (dynamic for float16, none for bfloat16)")
 flags.DEFINE_bool("xla", False, "JIT-compile the dense part of the training step with XLA")
 flags.DEFINE_bool("run_eagerly", False, "Run steps eagerly (debugging)")
 flags.DEFINE_bool("cpu", False, "Run on CPU even when GPUs are present")
@@ -115,7 +116,7 @@ def check_flags(world_size: int) -> None:
     if FLAGS.mode == "deploy" and world_size > 1:
         raise UsageError("--mode deploy runs in one process: restore the checkpoint there "
                          "(checkpoints do not depend on the number of processes)")
-    if FLAGS.amp and FLAGS.loss_scale <= 0:
+    if FLAGS.loss_scale is not None and FLAGS.loss_scale <= 0:
         raise UsageError(f"--loss_scale must be positive, found {FLAGS.loss_scale}")
 
 
@@ -134,15 +135,6 @@ def load_spec():
                                    cardinalities)
 
 
-def configure_devices():
-    import tensorflow as tf
-    if FLAGS.cpu:
-        tf.config.set_visible_devices([], "GPU")
-    else:
-        for gpu in tf.config.list_physical_devices("GPU"):
-            tf.config.experimental.set_memory_growth(gpu, True)
-
-
 def build(comm, spec):
     from embedding import make_plan
     from interaction import select_dot_implementation
@@ -159,7 +151,9 @@ def build(comm, spec):
         embedding_trainable=FLAGS.embedding_trainable, seed=FLAGS.seed).validate()
     plan = make_plan(config.cardinalities, config.embedding_dim, comm.size,
                      FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold)
-    dot = select_dot_implementation(FLAGS.dot_interaction, FLAGS.cpu)
+    dot = select_dot_implementation(FLAGS.dot_interaction, FLAGS.cpu,
+                                    xla=FLAGS.xla and FLAGS.mode == "train",
+                                    export=FLAGS.mode == "deploy")
     model = DLRM(config, plan, comm, dot,
                  offload_threshold_bytes=int(FLAGS.cpu_offloading_threshold_gb * 2**30))
     schedule = LearningRateSchedule(FLAGS.learning_rate, FLAGS.warmup_steps,
@@ -185,12 +179,11 @@ def pipeline(spec, plan, comm, training: bool):
 def main(argv):
     del argv
     from distributed import make_communicator
-    comm = make_communicator()
+    comm = make_communicator(FLAGS.cpu)  # configures devices before any TensorFlow op
     from dllog import DLLogger
     logger = DLLogger(FLAGS.log_path, enabled=comm.rank == 0)
     try:
         check_flags(comm.size)
-        configure_devices()
         spec = load_spec()
         if FLAGS.print_plan:
             from embedding import make_plan

@@ -116,10 +116,10 @@ class DLRM(tf.Module):
         out.update(self.top_mlp.named_variables("top_mlp"))
         return out
 
-    def __call__(self, numerical, categorical, local_rows, compute_dtype=tf.float32):
+    def __call__(self, numerical, categorical, global_rows, compute_dtype=tf.float32):
         """numerical [b_local, num_numerical]; categorical: [B_global] ids for the tables this
-        rank reads; local_rows: (start, stop) of the local rows. Returns logits [b_local]."""
-        embedded = self.embeddings(categorical, local_rows)
+        rank reads; global_rows: B_global. Returns logits [b_local]."""
+        embedded = self.embeddings(categorical, global_rows)
         return self.forward_dense(numerical, embedded, compute_dtype)
 
     def forward_dense(self, numerical, embedded, compute_dtype=tf.float32):

@@ -36,13 +36,19 @@ class Adam:
         self._slots = {}
         self._by_ref = {}
         for name, var in variables.items():
-            m = tf.Variable(tf.zeros_like(var), trainable=False, name=f"{var.name[:-2]}_m")
-            v = tf.Variable(tf.zeros_like(var), trainable=False, name=f"{var.name[:-2]}_v")
+            m, v = (self._slot(var, slot) for slot in self.slot_names)
             self._slots[name] = {"m": m, "v": v}
             self._by_ref[var.ref()] = (m, v)
 
     def slots(self, name: str) -> dict:
         return self._slots.get(name, {})
+
+    @staticmethod
+    def _slot(var, slot: str):
+        # next to its variable: a host-memory (offloaded) table keeps its moments in host memory
+        with tf.device(var.device):
+            return tf.Variable(tf.zeros(var.shape, var.dtype), trainable=False,
+                               name=f"{var.name[:-2]}_{slot}")
 
     def _corrected_lr(self, lr):
         t = tf.cast(self.iterations + 1, tf.float32)
@@ -107,3 +113,99 @@ def make_optimizer(name: str, variables: dict):
     if name == "adam":
         return Adam(variables)
     raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, found '{name}'")
+
+
+def _unique_rows(grad: tf.IndexedSlices):
+    """Distinct rows of a sparse gradient and each row's summed gradient."""
+    rows, position = tf.unique(grad.indices)
+    return rows, tf.math.unsorted_segment_sum(grad.values, position, tf.shape(rows)[0])
+
+
+class FTRL:
+    """FTRL-Proximal (McMahan et al. 2013) with the per-coordinate rate of Keras' Ftrl
+    (learning_rate_power -0.5). A table row's accumulator, linear term and weight change only
+    when the row is in the batch; the weight is a function of (linear, accumulator), so the
+    weights must start at zero for a consistent state."""
+
+    slot_names = ("accumulator", "linear")
+
+    def __init__(self, variables: dict, initial_accumulator_value=0.1, l1=0.0, l2=0.0):
+        self.l1, self.l2 = l1, l2
+        self._slots, self._by_ref = {}, {}
+        for name, var in variables.items():
+            slots = {"accumulator": tf.Variable(tf.fill(var.shape, initial_accumulator_value),
+                                                trainable=False, name=f"{var.name[:-2]}_acc"),
+                     "linear": tf.Variable(tf.zeros_like(var), trainable=False,
+                                           name=f"{var.name[:-2]}_linear")}
+            self._slots[name] = slots
+            self._by_ref[var.ref()] = slots
+
+    def slots(self, name: str) -> dict:
+        return self._slots.get(name, {})
+
+    def _rows(self, var, acc, linear, g, lr):
+        new_acc = acc + tf.square(g)
+        sigma = (tf.sqrt(new_acc) - tf.sqrt(acc)) / lr
+        new_linear = linear + g - sigma * var
+        quadratic = tf.sqrt(new_acc) / lr + 2 * self.l2
+        shrunk = (tf.sign(new_linear) * self.l1 - new_linear) / quadratic
+        return tf.where(tf.abs(new_linear) > self.l1, shrunk, tf.zeros_like(var)), new_acc, \
+            new_linear
+
+    def apply_dense(self, var, grad, lr):
+        s = self._by_ref[var.ref()]
+        new_var, new_acc, new_linear = self._rows(var, s["accumulator"], s["linear"], grad, lr)
+        s["accumulator"].assign(new_acc)
+        s["linear"].assign(new_linear)
+        var.assign(new_var)
+
+    def apply_sparse(self, var, grad: tf.IndexedSlices, lr):
+        s = self._by_ref[var.ref()]
+        rows, g = _unique_rows(grad)
+        new_var, new_acc, new_linear = self._rows(
+            tf.gather(var, rows), tf.gather(s["accumulator"], rows),
+            tf.gather(s["linear"], rows), g, lr)
+        s["accumulator"].scatter_update(tf.IndexedSlices(new_acc, rows))
+        s["linear"].scatter_update(tf.IndexedSlices(new_linear, rows))
+        var.scatter_update(tf.IndexedSlices(new_var, rows))
+
+    def finish_step(self):
+        pass
+
+
+class RMSProp:
+    """RMSProp without momentum: ms = rho*ms + (1-rho)*g^2, w -= lr*g/(sqrt(ms)+eps). A table
+    row's mean square decays only when the row is in the batch (lazy, like LazyAdam)."""
+
+    slot_names = ("ms",)
+
+    def __init__(self, variables: dict, rho=0.9, epsilon=1e-7):
+        self.rho, self.epsilon = rho, epsilon
+        self._slots, self._by_ref = {}, {}
+        for name, var in variables.items():
+            ms = tf.Variable(tf.zeros_like(var), trainable=False, name=f"{var.name[:-2]}_ms")
+            self._slots[name] = {"ms": ms}
+            self._by_ref[var.ref()] = ms
+
+    def slots(self, name: str) -> dict:
+        return self._slots.get(name, {})
+
+    def _step(self, ms, g, lr):
+        new_ms = self.rho * ms + (1 - self.rho) * tf.square(g)
+        return new_ms, lr * g / (tf.sqrt(new_ms) + self.epsilon)
+
+    def apply_dense(self, var, grad, lr):
+        ms = self._by_ref[var.ref()]
+        new_ms, step = self._step(ms, grad, lr)
+        ms.assign(new_ms)
+        var.assign_sub(step)
+
+    def apply_sparse(self, var, grad: tf.IndexedSlices, lr):
+        ms = self._by_ref[var.ref()]
+        rows, g = _unique_rows(grad)
+        new_ms, step = self._step(tf.gather(ms, rows), g, lr)
+        ms.scatter_update(tf.IndexedSlices(new_ms, rows))
+        var.scatter_sub(tf.IndexedSlices(step, rows))
+
+    def finish_step(self):
+        pass

@@ -4,12 +4,15 @@ A step is split at the embedding output: the lookups (and, with several processe
 all-to-all) run under one tape; everything after them runs in `dense_forward_backward`,
 which --xla compiles. Dense gradients are summed across ranks; table gradients stay sparse
 and flow back to the rank that owns the rows.
+
+The step never waits for the host: a non-finite loss is recorded on the device (the first
+step it happened at) and `check_finite()` reads that record when the loop reports.
 """
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
+from loss_scale import make_loss_scale
 from lr_scheduler import LearningRateSchedule
 from optimizers import make_optimizer
 
@@ -20,15 +23,16 @@ class TrainingDivergedError(RuntimeError):
 
 class Trainer:
     def __init__(self, model, optimizer: str, schedule: LearningRateSchedule, amp: bool = False,
-                 loss_scale: float = 1.0, xla: bool = False, run_eagerly: bool = False,
+                 loss_scale: float = None, xla: bool = False, run_eagerly: bool = False,
                  compute_dtype=None):
+        """loss_scale: a static scale under amp; None: dynamic for float16, none otherwise."""
         self.model, self.comm, self.schedule = model, model.comm, schedule
         self.amp = amp
         if compute_dtype is None:
             on_gpu = bool(tf.config.list_logical_devices("GPU"))
             compute_dtype = (tf.float16 if on_gpu else tf.bfloat16) if amp else tf.float32
         self.compute_dtype = compute_dtype
-        self.loss_scale = float(loss_scale) if amp else 1.0
+        self.loss_scale = make_loss_scale(compute_dtype, loss_scale if amp else 1.0)
         self.dense_vars = model.dense_variables()
         self.table_pairs = [(piece, var) for piece, var in model.embeddings.all_variables()
                             if var.trainable]
@@ -36,6 +40,8 @@ class Trainer:
         trainable.update({f"table/{i}": var for i, (_, var) in enumerate(self.table_pairs)})
         self.optimizer = make_optimizer(optimizer, trainable)
         self.replicated = {var.ref() for var in model.embeddings.replicated_variables.values()}
+        self.diverged_at = tf.Variable(-1, dtype=tf.int64, trainable=False, name="diverged_at")
+        self.diverged_loss = tf.Variable(0.0, trainable=False, name="diverged_loss")
         dense_fn = self._dense_forward_backward
         if xla and not run_eagerly:
             dense_fn = tf.function(dense_fn, jit_compile=True)
@@ -45,11 +51,7 @@ class Trainer:
             step, predict = tf.function(step), tf.function(predict)
         self._step_fn, self._predict_fn = step, predict
 
-    def _local_rows(self, global_rows):
-        rank, size = self.comm.rank, self.comm.size
-        return global_rows * rank // size, global_rows * (rank + 1) // size
-
-    def _dense_forward_backward(self, numerical, embedded, label, global_rows):
+    def _dense_forward_backward(self, numerical, embedded, label, global_rows, scale):
         dense = list(self.dense_vars.values())
         with tf.GradientTape() as tape:
             tape.watch(embedded)
@@ -57,47 +59,79 @@ class Trainer:
             losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits)
             # Sum over local rows / global rows: summed over ranks this is the global mean.
             loss = tf.reduce_sum(losses) / tf.cast(global_rows, tf.float32)
-            scaled = loss * self.loss_scale if self.loss_scale != 1.0 else loss
+            scaled = loss * scale if self.loss_scale.needed else loss
         grads = tape.gradient(scaled, dense + [embedded])
-        if self.loss_scale != 1.0:
-            grads = [g / self.loss_scale for g in grads]
+        if self.loss_scale.needed:
+            grads = [g / scale for g in grads]
         return loss, grads[:-1], grads[-1]
 
-    def _train_step(self, numerical, categorical, label, global_rows, lr):
-        local_rows = self._local_rows(global_rows)
+    def _train_step(self, numerical, categorical, label, global_rows, lr, step):
         table_vars = [var for _, var in self.table_pairs]
         with tf.GradientTape() as tape:
-            embedded = self.model.embeddings(categorical, local_rows)
+            embedded, sources = self.model.embeddings.lookup(categorical, global_rows, tape)
         loss, dense_grads, embedded_grad = self._dense_fn(numerical, embedded, label,
-                                                          global_rows)
-        table_grads = tape.gradient(embedded, table_vars, output_gradients=embedded_grad)
+                                                          global_rows, self.loss_scale.scale)
+        # the extra sources keep the backward all-to-all on a rank that holds no piece
+        table_grads = tape.gradient(embedded, table_vars + sources,
+                                    output_gradients=embedded_grad)[:len(table_vars)]
+        dense_grads = [self.comm.allreduce_sum(g) for g in dense_grads]
+        table_grads = [self._table_gradient(var, g) for var, g in zip(table_vars, table_grads)]
+        if self.loss_scale.dynamic:
+            finite = self._all_finite(dense_grads + [g.values for g in table_grads])
+            tf.cond(finite, lambda: self._apply(dense_grads, table_grads, lr), lambda: None)
+            self.loss_scale.update(finite)
+        else:
+            self._apply(dense_grads, table_grads, lr)
+        loss = self.comm.allreduce_sum(loss)
+        self._record_divergence(loss, step)
+        return loss
+
+    def _table_gradient(self, var, grad):
+        if var.ref() in self.replicated:
+            grad = self.comm.allreduce_sum(grad)
+        if not isinstance(grad, tf.IndexedSlices):
+            grad = tf.IndexedSlices(grad, tf.range(tf.shape(grad)[0]))
+        return grad
+
+    def _all_finite(self, grads):
+        """True on every rank, or on none: the count of non-finite values is summed."""
+        bad = tf.add_n([tf.reduce_sum(tf.cast(~tf.math.is_finite(g), tf.float32))
+                        for g in grads])
+        return tf.equal(self.comm.allreduce_sum(bad), 0.0)
+
+    def _apply(self, dense_grads, table_grads, lr):
         for var, grad in zip(self.dense_vars.values(), dense_grads):
-            self.optimizer.apply_dense(var, self.comm.allreduce_sum(grad), lr)
-        for var, grad in zip(table_vars, table_grads):
-            if var.ref() in self.replicated:
-                grad = self.comm.allreduce_sum(grad)
-            if not isinstance(grad, tf.IndexedSlices):
-                grad = tf.IndexedSlices(grad, tf.range(tf.shape(grad)[0]))
+            self.optimizer.apply_dense(var, grad, lr)
+        for (_, var), grad in zip(self.table_pairs, table_grads):
             self.optimizer.apply_sparse(var, grad, lr)
         self.optimizer.finish_step()
-        return self.comm.allreduce_sum(loss)
+
+    def _record_divergence(self, loss, step):
+        first = tf.logical_and(~tf.math.is_finite(loss), self.diverged_at < 0)
+        self.diverged_at.assign(tf.where(first, step, self.diverged_at))
+        self.diverged_loss.assign(tf.where(first, loss, self.diverged_loss))
 
     def _predict_step(self, numerical, categorical, global_rows):
-        logits = self.model(numerical, categorical, self._local_rows(global_rows),
-                            self.compute_dtype)
+        logits = self.model(numerical, categorical, global_rows, self.compute_dtype)
         return tf.sigmoid(logits)
 
-    def train_step(self, batch, step: int) -> float:
-        """One update at schedule step `step`; returns the global mean loss."""
+    def train_step(self, batch, step: int):
+        """One update at schedule step `step`; returns the global mean loss as a tensor,
+        without waiting for it (check_finite() tells whether a loss was NaN/inf)."""
         numerical, categorical, label, global_rows = batch
         lr = tf.constant(self.schedule(step), tf.float32)
-        loss = float(self._step_fn(numerical, list(categorical), label, global_rows, lr))
-        if not np.isfinite(loss):
-            raise TrainingDivergedError(
-                f"loss became {loss} at step {step} (learning rate {float(lr):g}); training "
-                f"stopped, no checkpoint was written for this state. Lower --learning_rate, "
-                f"lengthen --warmup_steps or, with --amp, lower --loss_scale.")
-        return loss
+        return self._step_fn(numerical, list(categorical), label, global_rows, lr,
+                             tf.constant(step, tf.int64))
+
+    def check_finite(self) -> None:
+        """Raise TrainingDivergedError naming the first step whose loss was not finite."""
+        step = int(self.diverged_at.numpy())
+        if step < 0:
+            return
+        raise TrainingDivergedError(
+            f"loss became {float(self.diverged_loss.numpy())} at step {step} (learning rate "
+            f"{self.schedule(step):g}); training stopped, no checkpoint was written for this "
+            f"state. Lower --learning_rate or lengthen --warmup_steps.")
 
     def predict(self, batch):
         """Click probabilities for this rank's local rows of the batch."""

@@ -14,6 +14,12 @@ a bool label), warms the page cache, then times
 
 Each figure is the best of --repeats passes over the whole mapping. Bytes per second count
 the bytes of the dataset files, so the reader's MB/s is directly comparable with raw.
+
+Then the same for the columnar formats of the other families (skip with --skip_columnar):
+a Wide & Deep-shaped parquet dataset (13 one-hot and 3 multi-hot (3 values) categorical
+features, 13 numerical, label, display id) and a SIM-shaped TFRecord dataset (user, target
+item and category, positive and negative histories of 100 items and categories, label):
+raw read of the same files, ColumnarReader.get over every batch, and DictPipeline (tf.data).
 """
 from __future__ import annotations
 
@@ -30,7 +36,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TensorFlow, if datal
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from datasets import (DatasetError, SplitBinaryReader, SplitBinaryWriter,  # noqa: E402
-                      SyntheticSource, check_mapping_files)
+                      SyntheticSource, check_mapping_files, open_reader, write_columns)
 from feature_spec import FeatureSpec, FeatureSpecError  # noqa: E402
 
 MAPPING = "train"
@@ -50,6 +56,12 @@ def parse_args(argv=None):
                    help="comma-separated buffer sizes (KiB) tried for the raw sequential reads; "
                         "the fastest is the raw figure (default 256,1024,4096)")
     p.add_argument("--skip_tfdata", action="store_true", help="do not try dataloader.py")
+    p.add_argument("--skip_columnar", action="store_true",
+                   help="skip the parquet (Wide & Deep) and TFRecord (SIM) rows")
+    p.add_argument("--parquet_rows", type=int, default=400_000,
+                   help="rows of the Wide & Deep-shaped parquet dataset (default 400,000)")
+    p.add_argument("--tfrecord_rows", type=int, default=40_000,
+                   help="rows of the SIM-shaped TFRecord dataset (default 40,000)")
     return p.parse_args(argv)
 
 
@@ -142,6 +154,98 @@ def try_tfdata(reader, spec):
         return None, f"dataloader.BatchPipeline unavailable ({type(e).__name__}: {e})"
 
 
+def wide_deep_shape() -> FeatureSpec:
+    fs = {f"cat_{i}": {"dtype": "int32", "cardinality": 100_000} for i in range(13)}
+    fs.update({f"multi_{i}": {"dtype": "int32", "cardinality": 10_000, "dimensions": [3]}
+               for i in range(3)})
+    fs.update({f"num_{i}": {"dtype": "float32"} for i in range(13)})
+    fs.update(label={"dtype": "int8"}, display={"dtype": "int64"})
+    cs = {"onehot_categorical": [f"cat_{i}" for i in range(13)],
+          "multihot_categorical": [f"multi_{i}" for i in range(3)],
+          "numerical": [f"num_{i}" for i in range(13)], "label": ["label"], "map": ["display"]}
+    return FeatureSpec(fs, {"train": [], "test": []}, cs)
+
+
+def sim_shape() -> FeatureSpec:
+    items, categories = {"cardinality": 1_000_000}, {"cardinality": 5_000}
+    fs = {"user": {"dtype": "int32", "cardinality": 200_000},
+          "item": dict(items, dtype="int32"), "cat": dict(categories, dtype="int32"),
+          "label": {"dtype": "int8"}}
+    for side in ("pos", "neg"):
+        fs[f"{side}_item"] = dict(items, dtype="int32", dimensions=[100])
+        fs[f"{side}_cat"] = dict(categories, dtype="int32", dimensions=[100])
+    cs = {"user_features": ["user"], "target_item_features": ["item", "cat"],
+          "positive_history": ["pos_item", "pos_cat"],
+          "negative_history": ["neg_item", "neg_cat"], "label": ["label"]}
+    return FeatureSpec(fs, {"train": [], "test": []}, cs)
+
+
+def random_columns(spec: FeatureSpec, rows: int, rng) -> dict:
+    columns = {}
+    for name, props in spec.feature_spec.items():
+        width = spec.dimension(name)
+        if width is not None:
+            lengths = rng.integers(width // 2, width + 1, rows)
+            flat = rng.integers(0, props["cardinality"], int(lengths.sum()))
+            columns[name] = (flat, lengths)
+        elif "cardinality" in props:
+            columns[name] = rng.integers(0, props["cardinality"], rows)
+        elif props["dtype"] == "float32":
+            columns[name] = rng.normal(size=rows).astype(np.float32)
+        else:
+            columns[name] = rng.integers(0, 2, rows)
+    return columns
+
+
+def columnar_results(spec: FeatureSpec, fmt: str, rows: int, data_dir: str, args) -> list:
+    """(name, seconds, rows, bytes) of raw, reader and tf.data passes over one dataset."""
+    t0 = time.perf_counter()
+    columns = random_columns(spec, rows, np.random.default_rng(0))
+    out = write_columns(os.path.join(data_dir, fmt), spec,
+                        {"train": columns, "test": random_columns(spec, 10,
+                                                                  np.random.default_rng(1))},
+                        fmt, rows_per_file=max(rows // 8, 1), overwrite=True)
+    print(f"generated {rows:,} {fmt} rows in {time.perf_counter() - t0:.1f} s")
+    paths = [os.path.join(out.base_directory, f) for f in out.source_spec[MAPPING][0]["files"]]
+    size = sum(os.path.getsize(p) for p in paths)
+    buffer = bytearray(4 << 20)
+    raw_pass(paths, buffer)
+    reader = open_reader(out, MAPPING, args.batch_size)
+    results = [(f"{fmt}: raw read", best_time(lambda: raw_pass(paths, buffer), args.repeats)[0]),
+               (f"{fmt}: ColumnarReader.get",
+                best_time(lambda: [reader.get(i) for i in range(len(reader))],
+                          max(1, args.repeats // 3))[0])]
+    if not args.skip_tfdata:
+        from dataloader import DictPipeline
+        dataset = DictPipeline(reader, label_features=["label"]).epoch(0)
+        sum(1 for _ in dataset)
+        results.append((f"{fmt}: tf.data DictPipeline",
+                        best_time(lambda: sum(1 for _ in dataset), max(1, args.repeats // 3))[0]))
+    return [(name, t, rows, size) for name, t in results]
+
+
+def print_table(title: str, results: list) -> None:
+    print(f"\n{title}")
+    print(f"{'path':<34} {'time s':>8} {'samples/s':>14} {'MB/s':>9} {'vs raw':>7}")
+    raw_time = results[0][1]
+    for name, t, rows, size in results:
+        print(f"{name:<34} {t:8.3f} {rows / t:14,.0f} {size / t / 1e6:9,.0f} "
+              f"{raw_time / t:7.0%}")
+
+
+def run_columnar(args) -> None:
+    data_dir = tempfile.mkdtemp(prefix="columnar_bench-")
+    try:
+        for title, spec, fmt, rows in [
+                ("Wide & Deep-shaped parquet", wide_deep_shape(), "parquet", args.parquet_rows),
+                ("SIM-shaped TFRecord", sim_shape(), "tfrecord", args.tfrecord_rows)]:
+            results = columnar_results(spec, fmt, rows, data_dir, args)
+            print_table(f"{title}: {rows:,} rows, {results[0][3] / rows:.0f} B/row on disk, "
+                        f"batch {args.batch_size}", results)
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
+
+
 def main(argv=None):
     args = parse_args(argv)
     own_tmp = args.data_dir is None
@@ -201,6 +305,8 @@ def main(argv=None):
                   f"{bps / raw_bps:7.0%}")
         reader.close()
         shuffled.close()
+        if not args.skip_columnar:
+            run_columnar(args)
         return 0
     finally:
         if own_tmp:

@@ -62,13 +62,10 @@ def ordered_files(split_dir: str) -> list:
     return [r[3] for r in ranges]
 
 
-def convert(transformed_dir: str, output_dir: str, cardinalities: list, metadata: dict,
-            progress=print) -> tuple:
-    """Write the split-binary dataset (train/test/validation) and its feature_spec.yaml.
-
-    Returns (FeatureSpec of the written dataset, {mapping: rows}). The output directory is
-    replaced only when it is empty or already holds a dataset (a feature_spec.yaml).
-    """
+def open_writer(output_dir: str, cardinalities: list, metadata: dict) -> SplitBinaryWriter:
+    """The writer of the split-binary dataset (train/test/validation) and its
+    feature_spec.yaml. The output directory is replaced only when it is empty or already holds
+    a dataset (a feature_spec.yaml)."""
     output_dir = os.path.abspath(output_dir)
     if os.path.isdir(output_dir) and os.listdir(output_dir) and \
             not os.path.isfile(os.path.join(output_dir, "feature_spec.yaml")):
@@ -76,7 +73,14 @@ def convert(transformed_dir: str, output_dir: str, cardinalities: list, metadata
                            f"feature_spec.yaml; refusing to replace it")
     spec = FeatureSpec.get_default(len(NUMERICAL_COLUMNS), cardinalities, mappings=MAPPINGS)
     spec.metadata = dict(metadata)
-    writer = SplitBinaryWriter(output_dir, spec, overwrite=True)
+    return SplitBinaryWriter(output_dir, spec, overwrite=True)
+
+
+def convert(transformed_dir: str, output_dir: str, cardinalities: list, metadata: dict,
+            progress=print) -> tuple:
+    """Write the dataset from Spark's per-split parquet. Returns (FeatureSpec of the written
+    dataset, {mapping: rows})."""
+    writer = open_writer(output_dir, cardinalities, metadata)
     rows = {}
     try:
         for mapping in MAPPINGS:

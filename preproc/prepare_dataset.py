@@ -1,7 +1,9 @@
 """Raw Criteo click logs (day_0 .. day_K) -> split-binary dataset with feature_spec.yaml.
 
 Usually started by preproc/prepare_dataset.sh; see preproc/README.md for the rules and for
-running on a cluster. Stages:
+running on a cluster. Two engines write byte-identical output: Spark (the default, local mode
+or a cluster) and `--engine local`, polars in this process (preproc/local_engine.py). Spark's
+stages:
 
   1 parse         text -> parquet (spark_output_path/parsed): fields split, numbers transformed
   2 positions     line position of every row in its day file (exact, without a global sort)
@@ -29,18 +31,21 @@ if _REPO not in sys.path:
 
 from preproc.spark_data_utils import (PreprocError, NUMERICAL_COLUMNS,  # noqa: E402
                                       CATEGORICAL_COLUMNS, COMBINED_DICTIONARY_MAX, RARE_ID,
+                                      FIRST_HALF_SPLIT, SECOND_HALF_SPLIT,
                                       apply_dictionaries, combined_features,
                                       build_dictionaries, line_offsets, parse_days,
                                       with_positions, write_transformed)
-from preproc.convert_to_binary import convert  # noqa: E402
+from preproc.convert_to_binary import convert, open_writer  # noqa: E402
 
 MODES = ("CPU", "DGX2")
+ENGINES = ("spark", "local")
 DEFAULTS = {
     "download_dir": "/data/dlrm/criteo",
     "spark_output_path": "/data/dlrm/spark/output",
     "conversion_intermediate_dir": "/data/dlrm/intermediate_binary",
     "final_output_dir": "/data/dlrm/binary_dataset",
 }
+HUGE_METHODS = "-XX:-DontCompileHugeMethods"
 DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
 
 
@@ -119,7 +124,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="prepare_dataset",
         description="Raw Criteo click logs (day_0 .. day_K) -> split-binary DLRM dataset. "
-                    "Days 0..K-1 train; day K: first half test, second half validation.")
+                    "Days 0..K-1 train; day K: first half validation, second half test.")
+    p.add_argument("--engine", default=env("PREPROC_ENGINE") or "spark",
+                   help="spark (default: local mode, or a cluster with --master) or local "
+                        "(polars in this process, one machine; see preproc/README.md)")
     p.add_argument("--mode", default="CPU", help="CPU (Spark on CPUs) or DGX2 (Spark with "
                    "the RAPIDS accelerator; needs --rapids_jar / RAPIDS_JAR)")
     p.add_argument("--frequency_threshold", type=int, default=env_int("frequency_threshold", 0),
@@ -162,6 +170,11 @@ def check_config(args) -> dict:
     """Everything that can be checked before Spark starts; returns the Spark settings."""
     if args.mode not in MODES:
         raise PreprocError(f"mode must be one of {', '.join(MODES)}, found {args.mode!r}")
+    if args.engine not in ENGINES:
+        raise PreprocError(f"engine must be one of {', '.join(ENGINES)}, found {args.engine!r}")
+    if args.engine == "local" and args.mode != "CPU":
+        raise PreprocError("engine local runs on the CPU only: use mode CPU, or engine spark "
+                           "for DGX2")
     if args.frequency_threshold < 0:
         raise PreprocError(f"frequency_threshold must be >= 0, found {args.frequency_threshold}")
     if args.cores < 1:
@@ -190,6 +203,11 @@ def check_config(args) -> dict:
         "spark.sql.parquet.compression.codec": "snappy",
         "spark.sql.sources.partitionOverwriteMode": "static",
         "spark.sql.ansi.enabled": "false",
+        # the generated code of the 40-column parse and of the 26 lookups has methods over
+        # HotSpot's 8000-byte JIT limit: without this they run interpreted (measured: the
+        # parse takes 1.7x the CPU time)
+        "spark.driver.extraJavaOptions": HUGE_METHODS,
+        "spark.executor.extraJavaOptions": HUGE_METHODS,
     }
     if args.master is None or args.master.startswith("local"):
         conf["spark.master"] = args.master or f"local[{args.cores}]"
@@ -245,32 +263,52 @@ def start_spark(conf: dict):
 
 
 # ---- pipeline ---------------------------------------------------------------------------
-def run(args, spark=None) -> dict:
-    """Run every stage; returns the summary. `spark`: an existing session to reuse (tests)."""
-    conf = check_config(args)
-    timings = {}
-    started = time.time()
+class Stages:
+    """Progress lines and seconds of the stages."""
 
-    def stage(number, name, detail=""):
-        log(f"stage {number}/5 {name}{': ' + detail if detail else ''} ...")
+    def __init__(self, count: int):
+        self.count, self.number, self.timings = count, 0, {}
+
+    def start(self, name: str, detail: str = "") -> float:
+        self.number += 1
+        log(f"stage {self.number}/{self.count} {name}{': ' + detail if detail else ''} ...")
         return time.time()
 
-    def done(name, t0, detail=""):
-        timings[name] = round(time.time() - t0, 3)
-        log(f"  {name} done in {timings[name]:.1f} s{' (' + detail + ')' if detail else ''}")
+    def done(self, name: str, t0: float, detail: str = "") -> None:
+        self.timings[name] = round(time.time() - t0, 3)
+        log(f"  {name} done in {self.timings[name]:.1f} s"
+            f"{' (' + detail + ')' if detail else ''}")
 
+
+def dataset_metadata(args, lines: int, malformed: int) -> dict:
+    """feature_spec.yaml's metadata: the same for both engines (their outputs are compared
+    byte for byte)."""
+    test_day = len(args.days) - 1
+    return {
+        "source": "raw Criteo click logs, preproc/prepare_dataset.sh",
+        "days": len(args.days),
+        "train_days": list(range(test_day)),
+        "test_validation_day": test_day,
+        "frequency_threshold": args.frequency_threshold,
+        "rare_id": RARE_ID,
+        "numerical_transform": "ln(max(x, 0) + 2); empty or non-integer -> x = 0",
+        "raw_numerical": NUMERICAL_COLUMNS,
+        "raw_categorical": CATEGORICAL_COLUMNS,
+        "lines": lines,
+        "malformed_lines": malformed,
+    }
+
+
+def run_spark(args, conf: dict, spark=None) -> dict:
+    """Spark's five stages; returns the figures for the summary."""
+    stages = Stages(5)
     spark_out = os.path.abspath(args.spark_output_path)
-    inter = os.path.abspath(args.conversion_intermediate_dir)
     parsed_dir = os.path.join(spark_out, "parsed")
     models_dir = os.path.join(spark_out, "models")
     sorted_dir = os.path.join(spark_out, "models_sorted")
-    transformed_dir = os.path.join(inter, "transformed")
-    num_days = len(args.days)
-    test_day = num_days - 1
-
-    log(f"mode {args.mode}, frequency threshold {args.frequency_threshold}, "
-        f"{num_days} day files in {args.download_dir}: days 0..{test_day - 1} train, "
-        f"day {test_day} test/validation")
+    transformed_dir = os.path.join(os.path.abspath(args.conversion_intermediate_dir),
+                                   "transformed")
+    test_day = len(args.days) - 1
     t0 = time.time()
     own_spark = spark is None
     if own_spark:
@@ -280,79 +318,104 @@ def run(args, spark=None) -> dict:
         for key in ("spark.sql.shuffle.partitions", "spark.sql.session.timeZone",
                     "spark.sql.ansi.enabled"):
             spark.conf.set(key, conf[key])
-    timings["spark_start"] = round(time.time() - t0, 3)
+    stages.timings["spark_start"] = round(time.time() - t0, 3)
     partitions = int(conf["spark.sql.shuffle.partitions"])
     try:
-        t0 = stage(1, "parse", f"text -> {parsed_dir}")
+        t0 = stages.start("parse", f"text -> {parsed_dir}")
         parse_days(spark, args.days).write.mode("overwrite").parquet(parsed_dir)
         parsed = spark.read.parquet(parsed_dir)
-        done("parse", t0)
+        stages.done("parse", t0)
 
-        t0 = stage(2, "positions")
+        t0 = stages.start("positions")
         deltas, lines_per_day, malformed = line_offsets(parsed)
         total_lines = sum(lines_per_day.values())
-        done("positions", t0, f"{total_lines} lines, {malformed} malformed and dropped")
+        stages.done("positions", t0, f"{total_lines} lines, {malformed} malformed and dropped")
         rows = with_positions(spark, parsed, deltas, lines_per_day, test_day, partitions)
 
-        t0 = stage(3, "dictionaries", f"threshold {args.frequency_threshold} -> {models_dir}")
+        t0 = stages.start("dictionaries", f"threshold {args.frequency_threshold} -> {models_dir}")
         train = rows.filter(rows["split"] == "train")
         cardinalities = build_dictionaries(spark, train, args.frequency_threshold, models_dir,
                                            sorted_dir)
         shutil.rmtree(sorted_dir, ignore_errors=True)
-        done("dictionaries", t0, f"cardinalities {cardinalities}")
+        stages.done("dictionaries", t0, f"cardinalities {cardinalities}")
 
         combined = combined_features(cardinalities, args.combined_dictionary_max)
-        t0 = stage(4, "apply", f"{len(combined)} features through the combined lookup table, "
-                               f"{sum(c > 1 for c in cardinalities) - len(combined)} joined "
-                               f"alone -> {transformed_dir}")
+        t0 = stages.start("apply", f"{len(combined)} features through the combined lookup "
+                                   f"table, {sum(c > 1 for c in cardinalities) - len(combined)} "
+                                   f"joined alone -> {transformed_dir}")
         transformed = apply_dictionaries(spark, rows, models_dir, cardinalities,
                                          args.combined_dictionary_max)
         write_transformed(transformed, transformed_dir, partitions)
-        done("apply", t0)
+        stages.done("apply", t0)
     finally:
         if own_spark:
             spark.stop()
 
-    t0 = stage(5, "convert", f"-> {args.final_output_dir}")
-    metadata = {
-        "source": "raw Criteo click logs, preproc/prepare_dataset.sh",
-        "days": num_days,
-        "train_days": list(range(test_day)),
-        "test_validation_day": test_day,
-        "frequency_threshold": args.frequency_threshold,
-        "rare_id": RARE_ID,
-        "numerical_transform": "ln(max(x, 0) + 2); empty or non-integer -> x = 0",
-        "raw_numerical": NUMERICAL_COLUMNS,
-        "raw_categorical": CATEGORICAL_COLUMNS,
-        "lines": total_lines,
-        "malformed_lines": malformed,
-    }
-    spec, split_rows = convert(transformed_dir, args.final_output_dir, cardinalities, metadata,
-                               progress=log)
-    done("convert", t0)
+    t0 = stages.start("convert", f"-> {args.final_output_dir}")
+    spec, split_rows = convert(transformed_dir, args.final_output_dir, cardinalities,
+                               dataset_metadata(args, total_lines, malformed), progress=log)
+    stages.done("convert", t0)
     if args.clean_intermediate:
         shutil.rmtree(parsed_dir, ignore_errors=True)
         shutil.rmtree(transformed_dir, ignore_errors=True)
+    return {"lines": total_lines, "malformed_lines": malformed, "rows": split_rows,
+            "cardinalities": cardinalities, "spec": spec, "seconds": stages.timings,
+            "master": conf["spark.master"], "models_dir": models_dir}
 
+
+def run_polars(args) -> dict:
+    """The local engine's two passes; returns the figures for the summary."""
+    from preproc.local_engine import run_local
+    stages = Stages(2)
+    models_dir = os.path.join(os.path.abspath(args.spark_output_path), "models")
+    started = {"dictionaries": stages.start("dictionaries", f"count the training days, "
+                                            f"threshold {args.frequency_threshold} -> "
+                                            f"{models_dir}")}
+
+    def open_dataset_writer(cardinalities, lines, malformed):
+        stages.done("dictionaries", started["dictionaries"], f"cardinalities {cardinalities}")
+        started["apply"] = stages.start("apply", f"ids, split-binary rows -> "
+                                                 f"{args.final_output_dir}")
+        return open_writer(args.final_output_dir, cardinalities,
+                           dataset_metadata(args, lines, malformed))
+
+    figures = run_local(args.days, args.frequency_threshold, models_dir, open_dataset_writer,
+                        progress=log)
+    stages.done("apply", started["apply"])
+    return dict(figures, seconds=stages.timings, master="local (polars, in process)",
+                models_dir=models_dir)
+
+
+def run(args, spark=None) -> dict:
+    """Run every stage; returns the summary. `spark`: an existing session to reuse (tests)."""
+    conf = check_config(args)
+    started = time.time()
+    test_day = len(args.days) - 1
+    log(f"engine {args.engine}, mode {args.mode}, frequency threshold "
+        f"{args.frequency_threshold}, {len(args.days)} day files in {args.download_dir}: "
+        f"days 0..{test_day - 1} train, day {test_day} {FIRST_HALF_SPLIT}/{SECOND_HALF_SPLIT}")
+    figures = run_polars(args) if args.engine == "local" else run_spark(args, conf, spark)
     total = time.time() - started
     summary = {
+        "engine": args.engine,
         "mode": args.mode,
-        "master": conf["spark.master"],
+        "master": figures["master"],
         "frequency_threshold": args.frequency_threshold,
-        "days": num_days,
-        "lines": total_lines,
-        "malformed_lines": malformed,
-        "rows": split_rows,
-        "cardinalities": cardinalities,
-        "dtypes": [str(spec.dtype(f)) for f in spec.categorical_features],
-        "seconds": timings,
+        "days": len(args.days),
+        "lines": figures["lines"],
+        "malformed_lines": figures["malformed_lines"],
+        "rows": figures["rows"],
+        "cardinalities": figures["cardinalities"],
+        "dtypes": [str(figures["spec"].dtype(f)) for f in figures["spec"].categorical_features],
+        "seconds": figures["seconds"],
         "seconds_total": round(total, 3),
-        "rows_per_second": round(total_lines / total, 1) if total > 0 else None,
+        "rows_per_second": round(figures["lines"] / total, 1) if total > 0 else None,
         "final_output_dir": os.path.abspath(args.final_output_dir),
-        "models_dir": models_dir,
+        "models_dir": figures["models_dir"],
     }
     print_summary(summary)
-    summary_path = args.summary_json or os.path.join(spark_out, "summary.json")
+    summary_path = args.summary_json or os.path.join(os.path.abspath(args.spark_output_path),
+                                                     "summary.json")
     os.makedirs(os.path.dirname(os.path.abspath(summary_path)), exist_ok=True)
     with open(summary_path, "w") as f:
         json.dump(summary, f, indent=1)

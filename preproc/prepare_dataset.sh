@@ -11,6 +11,7 @@
 #   TOTAL_CORES                  Spark cores                         [all cores]
 #   TOTAL_MEMORY                 GiB (or 16g, 512m) for Spark        [3/4 of RAM]
 #   SPARK_MASTER                 cluster master URL                  [local[TOTAL_CORES]]
+#   PREPROC_ENGINE               spark, or local (polars in one process; same output) [spark]
 #   RAPIDS_JAR                   rapids-4-spark jar, needed by DGX2 [/opt/rapids/rapids-4-spark.jar if present]
 #   PYTHON                       interpreter                         [repo .venv, else python3]
 # Details: preproc/README.md
@@ -56,9 +57,11 @@ export TOTAL_CORES="${TOTAL_CORES:-$(nproc)}"
 if [ -z "${PYTHON:-}" ]; then
   if [ -x "$repo/.venv/bin/python" ]; then PYTHON="$repo/.venv/bin/python"; else PYTHON=python3; fi
 fi
-command -v java >/dev/null 2>&1 || [ -n "${JAVA_HOME:-}" ] || fail "Spark needs Java (17 or 11): install a JRE or set JAVA_HOME"
+engine="${PREPROC_ENGINE:-spark}"
+[[ " $* " =~ \ --engine[=\ ]([a-z]+) ]] && engine="${BASH_REMATCH[1]}"
+[ "$engine" = local ] || command -v java >/dev/null 2>&1 || [ -n "${JAVA_HOME:-}" ] || fail "Spark needs Java (17 or 11): install a JRE or set JAVA_HOME"
 
 echo "[preproc] download_dir=$download_dir spark_output_path=$spark_output_path"
 echo "[preproc] conversion_intermediate_dir=$conversion_intermediate_dir final_output_dir=$final_output_dir"
-echo "[preproc] TOTAL_CORES=$TOTAL_CORES TOTAL_MEMORY=${TOTAL_MEMORY:-auto} SPARK_MASTER=${SPARK_MASTER:-local}"
+echo "[preproc] engine=$engine TOTAL_CORES=$TOTAL_CORES TOTAL_MEMORY=${TOTAL_MEMORY:-auto} SPARK_MASTER=${SPARK_MASTER:-local}"
 exec "$PYTHON" "$here/prepare_dataset.py" --mode "$mode" --frequency_threshold "$threshold" "$@"

@@ -20,7 +20,7 @@ Rules (also in preproc/README.md):
   other value, including values never seen in training, gets the shared id 0.
   Cardinality = number of frequent values + 1.
 * With day files day_0 .. day_K: days 0..K-1 are the training set; the lines of day K with
-  position < floor(lines_K / 2) are the test set and the rest the validation set.
+  position < floor(lines_K / 2) are the validation set and the rest the (hold-out) test set.
 * Row order inside every split is (day, line position in the day file).
 """
 from __future__ import annotations
@@ -44,6 +44,11 @@ INTEGER_PATTERN = r"^[+-]?[0-9]+$"
 MAX_COUNT_VALUE = 1e300
 # pos = day * 2**LINE_BITS + line: one sortable key for (day, line position).
 LINE_BITS = 40
+
+# the last day file: its first half (by line position) is the validation set, its second half
+# the hold-out test set, as in the reference preprocessing
+FIRST_HALF_SPLIT = "validation"
+SECOND_HALF_SPLIT = "test"
 
 SPLIT_COLUMN = "split"
 POS_COLUMN = "pos"
@@ -136,8 +141,8 @@ def with_positions(spark: SparkSession, parsed: DataFrame, deltas: list, lines_p
     rows = parsed.filter(F.col("ok")).join(F.broadcast(delta_df), ["day", "blk"])
     line = F.col("mid") + F.col("delta")
     split = (F.when(F.col("day") < test_day, F.lit("train"))
-             .when(line < F.lit(test_lines // 2), F.lit("test"))
-             .otherwise(F.lit("validation")))
+             .when(line < F.lit(test_lines // 2), F.lit(FIRST_HALF_SPLIT))
+             .otherwise(F.lit(SECOND_HALF_SPLIT)))
     bucket = F.floor((F.col("base") + line) * F.lit(max(1, buckets)) / F.lit(total))
     return rows.select(
         "day", line.alias("line"),

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from initializers import embedding_uniform
+from embedding import table_variable
 from model import MLP
 from sim import layers
 
@@ -105,8 +105,7 @@ class SimModel(tf.Module):
                                "stage_two_mlp")
 
     def _table(self, rows: int, key: int, name: str):
-        return tf.Variable(embedding_uniform(rows, self.config.embedding_dim,
-                                             self.config.seed, key), name=name)
+        return table_variable(rows, self.config.embedding_dim, self.config.seed, key, name=name)
 
     def tables(self) -> dict:
         out = {f"user_table_{t}": v for t, v in enumerate(self.user_tables)}

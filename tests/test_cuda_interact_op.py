@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import require_or_skip
+
 ROOT = Path(__file__).resolve().parents[1]
 PKG_DIR = ROOT / "tensorflow-dot-based-interact"
 HARNESS_DIR = PKG_DIR / "harness"
@@ -142,11 +144,10 @@ def op_build(tf, tmp_path_factory):
     It is loaded through the package's load_op(): TensorFlow keeps the ops of the first
     library loaded in a process, so everything else in this process shares that load."""
     nvcc = os.environ.get("NVCC") or shutil.which("nvcc")
-    if not nvcc:
-        pytest.skip("nvcc not found: the CUDA toolkit is needed to build the DotBasedInteract "
-                    "op (the shape/registration tests need the compiled library)")
-    if not shutil.which("make"):
-        pytest.skip("make not found")
+    require_or_skip(bool(nvcc), "nvcc not found: the CUDA toolkit is needed to build the "
+                    "DotBasedInteract op (the shape/registration tests need the compiled "
+                    "library)")
+    require_or_skip(bool(shutil.which("make")), "make not found: it builds the op library")
     out = tmp_path_factory.mktemp("dbi_op")
     so = out / "_dot_based_interact_ops.so"
     cmd = ["make", "-C", str(PKG_DIR), "-j2", "op", f"OP_LIB={so}", f"BUILD_DIR={out / 'obj'}",

@@ -1,6 +1,7 @@
-"""Hybrid-parallel training under horovodrun (Gloo, CPU, 2 processes) against 1 process with
-the same global batch: losses step by step, final tables, eval AUC, checkpoint cross-restore,
-uneven batches and a killed rank."""
+"""Hybrid-parallel training under horovodrun (Gloo, CPU, 2 or 3 processes) against 1 process
+with the same global batch: losses step by step, final tables, eval AUC, checkpoint
+cross-restore (also with a rank that holds no table), evaluation gathered on rank 0 only,
+device configuration before TensorFlow starts, uneven batches and a killed rank."""
 import os
 import shutil
 import signal
@@ -12,6 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
+from conftest import require_or_skip
 from dllog import read_log
 from embedding import make_plan
 
@@ -28,7 +30,8 @@ MODEL = ["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", CAR
 TRAIN = ["--batch_size", "512", "--synthetic_dataset_train_batches", "24", "--print_freq", "1",
          "--warmup_steps", "4", "--decay_start_step", "12", "--decay_steps", "12"]
 
-pytestmark = pytest.mark.skipif(not os.path.exists(HOROVODRUN), reason="horovod not installed")
+require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}: the "
+                "hybrid-parallel tests need horovod (tools/setup_env.sh builds it)")
 
 
 def launch(np_, *args, timeout=600):
@@ -104,6 +107,90 @@ def test_checkpoints_cross_restore(runs, tmp_path):
         ok(launch(restored, *MODEL, "--mode", "eval", "--restore_checkpoint_path",
                   str(source / "ckpt"), "--log_path", str(log)))
         assert abs(final(log)["auc"] - final(source / "log.json")["auc"]) <= 1e-5
+
+
+# more ranks (3) than tables (2): rank 2 holds no table and reads no ids
+TWO_TABLES = [*MODEL[:MODEL.index("--column_slice_threshold")], "--batch_size", "384"]
+TWO_TABLES[TWO_TABLES.index(CARDINALITIES)] = "3000,2000"
+
+
+@pytest.fixture(scope="module")
+def tableless_rank_runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("tableless")
+    for np_ in (1, 3):
+        d = base / f"np{np_}"
+        d.mkdir()
+        ok(launch(np_, *TRAIN, *TWO_TABLES, "--learning_rate", "0.3", "--log_path",
+                  str(d / "log.json"), "--save_checkpoint_path", str(d / "ckpt")))
+    return base
+
+
+def test_rank_without_tables_trains_like_one_process(tableless_rank_runs):
+    assert make_plan([3000, 2000], 16, 3).pieces_on(2) == []
+    one, three = tableless_rank_runs / "np1", tableless_rank_runs / "np3"
+    l1, l3 = losses(one / "log.json"), losses(three / "log.json")
+    assert sorted(l1) == sorted(l3) == list(range(1, 25))
+    for step in l1:
+        assert abs(l1[step] - l3[step]) <= 1e-5, (step, l1[step], l3[step])
+    assert abs(final(one / "log.json")["auc"] - final(three / "log.json")["auc"]) <= 1e-5
+    assert final(three / "log.json")["eval_samples"] == 3 * 999
+
+
+def test_rank_without_tables_checkpoints_cross_restore(tableless_rank_runs, tmp_path):
+    for saved, restored in ((3, 1), (1, 3)):
+        source = tableless_rank_runs / f"np{saved}"
+        log = tmp_path / f"eval_{saved}_to_{restored}.json"
+        ok(launch(restored, *TWO_TABLES, "--mode", "eval", "--restore_checkpoint_path",
+                  str(source / "ckpt"), "--log_path", str(log)))
+        assert abs(final(log)["auc"] - final(source / "log.json")["auc"]) <= 1e-5
+
+
+def run_script(np_, code, tmp_path):
+    script = tmp_path / "script.py"
+    script.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\n" + code)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+    proc = ok(subprocess.run([HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
+                              sys.executable, str(script)], cwd=ROOT, env=env,
+                             capture_output=True, text=True, timeout=300))
+    return proc.stdout
+
+
+def test_evaluation_gathers_to_rank_zero_only(tmp_path):
+    out = run_script(3, """
+import numpy as np
+from distributed import make_communicator
+comm = make_communicator(cpu=True)
+gathered = comm.gather_to_root(np.full(comm.rank + 1, comm.rank, np.float32))
+figures = comm.broadcast_from_root(np.array([comm.rank + 0.5, 7.0]))
+print(f"RESULT {comm.rank} {gathered.tolist()} {figures.tolist()}", flush=True)
+""", tmp_path)
+    results = sorted(line.split("RESULT ")[1] for line in out.splitlines() if "RESULT " in line)
+    assert results == ["0 [0.0, 1.0, 1.0, 2.0, 2.0, 2.0] [0.5, 7.0]", "1 [] [0.5, 7.0]",
+                       "2 [] [0.5, 7.0]"]
+
+
+def test_devices_are_configured_before_tensorflow_initialises(tmp_path):
+    """main.py start-up: TensorFlow refuses device settings (visible GPU, memory growth) once
+    its eager context exists, so that must not exist yet when they are applied."""
+    argv = ["main.py", *MODEL, "--print_plan", "--log_path", str(tmp_path / "log.json")]
+    out = run_script(2, f"""
+import runtime
+runtime.configure()
+import tensorflow as tf
+from tensorflow.python.eager import context
+real = tf.config.set_visible_devices
+
+def spy(*args, **kwargs):
+    print("CONTEXT_INITIALISED", context.context()._context_handle is not None, flush=True)
+    return real(*args, **kwargs)
+
+tf.config.set_visible_devices = spy
+sys.argv = {argv!r}
+import main
+main.run()
+""", tmp_path)
+    assert out.count("CONTEXT_INITIALISED False") == 2, out
+    assert "CONTEXT_INITIALISED True" not in out
 
 
 def test_uneven_global_batch_is_rejected(tmp_path):

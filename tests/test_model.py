@@ -78,7 +78,7 @@ def test_dlrm_forward_matches_numpy():
     rng = np.random.default_rng(0)
     numerical = rng.standard_normal((10, 3)).astype(np.float32)
     categorical = [rng.integers(0, c, 10).astype(np.int32) for c in (50, 70, 9)]
-    logits = model(tf.constant(numerical), [tf.constant(c) for c in categorical], (0, 10))
+    logits = model(tf.constant(numerical), [tf.constant(c) for c in categorical], 10)
     np.testing.assert_allclose(logits.numpy(), numpy_forward(model, numerical, categorical),
                                rtol=1e-4, atol=1e-5)
 

@@ -8,6 +8,7 @@ times in all (thresholds 0 and 2, and a re-run of 2), in a module-scoped fixture
 """
 import gzip
 import hashlib
+import importlib.util
 import json
 import os
 import re
@@ -22,6 +23,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+from conftest import require_or_skip
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "preproc", "prepare_dataset.sh")
 DATA = next((d for d in (os.environ.get("CRITEO_SAMPLE_DIR", ""),
@@ -32,7 +35,8 @@ HEAD = os.path.join(DATA, "kaggle_train_head10k.txt")
 DAY_BOUNDS = [0, 3334, 6667, 10000]
 
 HAS_JAVA = shutil.which("java") is not None or bool(os.environ.get("JAVA_HOME"))
-pytestmark = pytest.mark.skipif(not HAS_JAVA, reason="Spark needs Java")
+JAVA_REASON = "Spark needs Java (a JRE on PATH or JAVA_HOME)"
+DATA_REASON = "needs the real Criteo sample rows (shared/data/criteo)"
 
 ODD_LINE = "\t".join(["1", "abc", "99999999999999999999", "-7", "", "+3", "1.5", "0", "-0",
                       "12", "3", "", "", "4"] + ["oddvalue"] * 26)
@@ -76,7 +80,8 @@ def reference(days, threshold):
     train = frame([line for day in days[:-1] for line in day])
     last = days[-1]
     half = len(last) // 2
-    splits = {"train": train, "test": frame(last[:half]), "validation": frame(last[half:])}
+    # the last day: first half validation, second half the hold-out test set
+    splits = {"train": train, "validation": frame(last[:half]), "test": frame(last[half:])}
     dictionaries, cards = [], []
     for i in range(1, 27):
         counts = train[f"C{i}"].value_counts()
@@ -141,6 +146,7 @@ def models_content(models_dir):
 
 
 def run_script(args, env_extra, check=True):
+    require_or_skip(HAS_JAVA, JAVA_REASON)
     env = dict(os.environ, TOTAL_CORES="2", TOTAL_MEMORY="2g", SHUFFLE_PARTITIONS="4",
                SPARK_LOG_LEVEL="ERROR", PYTHON=sys.executable)
     env.update(env_extra)
@@ -161,8 +167,7 @@ def dirs_env(root, tag):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    if not os.path.isfile(HEAD):
-        pytest.skip("needs the real Criteo sample rows (shared/data/criteo)")
+    require_or_skip(os.path.isfile(HEAD), DATA_REASON)
     root = str(tmp_path_factory.mktemp("preproc"))
     days = make_days(os.path.join(root, "raw"))
     result = {"root": root, "days": days}
@@ -194,14 +199,38 @@ def expected(runs):
     return {t: reference(runs["days"], t) for t in (0, 2)}
 
 
+@pytest.fixture(scope="module")
+def local_runs(tmp_path_factory):
+    """The local engine (in this process) on the same day files, thresholds 0 and 2, in 16 KiB
+    blocks: many per day file, so count tables are merged and the last day's half falls
+    inside a block."""
+    require_or_skip(os.path.isfile(HEAD), DATA_REASON)
+    require_or_skip(importlib.util.find_spec("polars") is not None,
+                    "engine local needs polars (requirements.txt)")
+    sys.path.insert(0, ROOT)
+    from preproc import local_engine
+    from preproc.prepare_dataset import main
+    root = str(tmp_path_factory.mktemp("preproc_local"))
+    result = {"days": make_days(os.path.join(root, "raw"))}
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(local_engine, "BLOCK_BYTES", 16384)
+        for threshold in (0, 2):
+            env = dirs_env(root, f"t{threshold}")
+            options = [a for k, v in env.items() for a in (f"--{k}", v)]
+            assert main(["--engine", "local", "--frequency_threshold", str(threshold),
+                         *options]) == 0
+            result[threshold] = {"env": env, "output": read_output(env["final_output_dir"])}
+    return result
+
+
 # ---- tests ------------------------------------------------------------------------------
 @pytest.mark.parametrize("threshold", [0, 2])
 def test_rows_labels_and_spec(runs, expected, threshold):
     spec, data = runs[threshold]["output"]
     ref, cards, _ = expected[threshold]
     rows = {m: len(ref[m]["label"]) for m in MAPPINGS}
-    # 3334 real + odd line (malformed dropped) + 3333 train; day_2: 1666 test, 1667 validation
-    assert rows == {"train": 6668, "test": 1666, "validation": 1667}
+    # 3334 real + odd line (malformed dropped) + 3333 train; day_2: 1666 validation, 1667 test
+    assert rows == {"train": 6668, "test": 1667, "validation": 1666}
     assert spec["metadata"]["rows"] == rows
     assert spec["metadata"]["malformed_lines"] == 1
     assert spec["metadata"]["frequency_threshold"] == threshold
@@ -329,6 +358,79 @@ def test_dictionaries_saved(runs):
     cards = runs[2]["summary"]["cardinalities"]
     assert sorted(table["id"]) == list(range(1, cards[0]))
     assert (table["count"] >= 2).all()
+
+
+def test_last_day_first_half_is_validation_second_half_test(runs, local_runs):
+    """As in the reference preprocessing: the first half of the last day (by line) is the
+    validation set, the second half the hold-out test set. Expected values straight from the
+    raw lines of day_2."""
+    last = runs["days"][2]
+    half = len(last) // 2
+    first = last[0].split("\t")
+    for output in (runs[0]["output"][1], local_runs[0]["output"][1]):
+        assert len(output["validation"]["label"]) == half == 1666
+        assert len(output["test"]["label"]) == len(last) - half == 1667
+        assert output["validation"]["label"].tolist() == [l[0] == "1" for l in last[:half]]
+        assert output["test"]["label"].tolist() == [l[0] == "1" for l in last[half:]]
+        want = [np.log(max(int(x), 0) + 2) if x else np.log(2) for x in first[1:14]]
+        np.testing.assert_allclose(output["validation"]["numerical"][0].astype(np.float64),
+                                   want, rtol=2 ** -10)
+
+
+@pytest.mark.parametrize("threshold", [0, 2])
+def test_local_engine_matches_reference(local_runs, threshold):
+    spec, data = local_runs[threshold]["output"]
+    ref, cards, _ = reference(local_runs["days"], threshold)
+    assert [spec["feature_spec"][f"cat_{i}"]["cardinality"] for i in range(26)] == cards
+    assert spec["metadata"]["malformed_lines"] == 1
+    for mapping in MAPPINGS:
+        np.testing.assert_array_equal(data[mapping]["label"], ref[mapping]["label"])
+        for i in range(26):
+            np.testing.assert_array_equal(data[mapping]["categorical"][i].astype(np.int64),
+                                          ref[mapping]["categorical"][i],
+                                          err_msg=f"{mapping} cat_{i}")
+        np.testing.assert_allclose(data[mapping]["numerical"].astype(np.float64),
+                                   ref[mapping]["numerical"], rtol=2 ** -10, atol=1e-6)
+
+
+@pytest.mark.parametrize("threshold", [0, 2])
+def test_engines_write_identical_bytes(runs, local_runs, threshold):
+    spark_env, local_env = runs[threshold]["env"], local_runs[threshold]["env"]
+    assert tree_digest(local_env["final_output_dir"]) == \
+        tree_digest(spark_env["final_output_dir"])
+    spark_models = models_content(os.path.join(spark_env["spark_output_path"], "models"))
+    local_models = models_content(os.path.join(local_env["spark_output_path"], "models"))
+    assert {k: v[0] for k, v in local_models.items()} == \
+        {k: v[0] for k, v in spark_models.items()}
+
+
+def test_local_engine_line_ends(tmp_path, monkeypatch):
+    """Lines end at \\n, \\r\\n or \\r, as in Spark's text reader, also across block
+    boundaries and without a final line end; plain and gzip files read alike."""
+    require_or_skip(importlib.util.find_spec("polars") is not None,
+                    "engine local needs polars (requirements.txt)")
+    from preproc import local_engine
+    text = b"a\tb\r\nc\rdd\n\nee\r\nlast"
+    want = ["a\tb", "c", "dd", "", "ee", "last"]
+    (tmp_path / "day_0").write_bytes(text)
+    with gzip.open(tmp_path / "day_1.gz", "wb") as f:
+        f.write(text)
+    for block in (1, 2, 3, 5, 64):
+        monkeypatch.setattr(local_engine, "BLOCK_BYTES", block)
+        for name in ("day_0", "day_1.gz"):
+            got = [s for a in local_engine.read_lines(str(tmp_path / name))
+                   for s in a.to_pylist()]
+            assert got == want, (block, name)
+
+
+def test_local_engine_rejects_non_utf8(tmp_path):
+    require_or_skip(importlib.util.find_spec("polars") is not None,
+                    "engine local needs polars (requirements.txt)")
+    from preproc import local_engine
+    from preproc.spark_data_utils import PreprocError
+    (tmp_path / "day_0").write_bytes(b"0\tok\n1\t\xff\n")
+    with pytest.raises(PreprocError, match=r"day_0: not UTF-8 text at byte 7"):
+        list(local_engine.read_lines(str(tmp_path / "day_0")))
 
 
 # ---- bad invocations (each fails before Spark starts) -----------------------------------

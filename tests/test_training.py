@@ -86,6 +86,26 @@ def test_resume_gives_identical_losses(tmp_path):
         final_metrics(tmp_path / "second.json")["auc"], abs=1e-6)
 
 
+def test_resume_after_max_steps_on_an_epoch_boundary(tmp_path):
+    """--max_steps = one epoch of three: the checkpoint points at epoch 1, batch 0, and the
+    resumed run trains epochs 1 and 2 exactly like an uninterrupted run."""
+    common = [*SMALL, "--synthetic_dataset_signal_strength", "2", "--print_freq", "1",
+              "--synthetic_dataset_train_batches", "4", "--epochs", "3"]
+    run_main(*common, "--log_path", str(tmp_path / "full.json"))
+    ckpt = tmp_path / "ckpt"
+    run_main(*common, "--max_steps", "4", "--save_checkpoint_path", str(ckpt),
+             "--log_path", str(tmp_path / "first.json"))
+    assert json.load(open(ckpt / "meta.json"))["position"] == {"step": 4, "epoch": 1,
+                                                               "batch_in_epoch": 0}
+    run_main(*common, "--restore_checkpoint_path", str(ckpt),
+             "--log_path", str(tmp_path / "second.json"))
+    full = step_losses(tmp_path / "full.json")
+    resumed = {**step_losses(tmp_path / "first.json"), **step_losses(tmp_path / "second.json")}
+    assert sorted(full) == sorted(resumed) == list(range(1, 13))
+    for step in full:
+        assert resumed[step] == pytest.approx(full[step], abs=1e-6), step
+
+
 def test_eval_inference_and_deploy_round_trip(tmp_path):
     import tensorflow as tf
     ckpt = tmp_path / "ckpt"

@@ -1,0 +1,83 @@
+"""The training step itself: no host sync per step (non-finite losses are recorded on the
+device and reported naming the step) and dynamic loss scaling for float16 compute."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from embedding import make_plan
+from loss_scale import DynamicLossScale, StaticLossScale
+from lr_scheduler import LearningRateSchedule
+from model import DLRM, ModelConfig
+from trainer import Trainer, TrainingDivergedError
+
+CARDINALITIES = (20, 30)
+
+
+def tiny_trainer(learning_rate, **kwargs):
+    config = ModelConfig(num_numerical=3, cardinalities=CARDINALITIES, embedding_dim=4,
+                         bottom_mlp_dims=(8, 4), top_mlp_dims=(6, 1), seed=1)
+    model = DLRM(config, make_plan(CARDINALITIES, 4))
+    return Trainer(model, "sgd", LearningRateSchedule(learning_rate, 0, 10**6, 0), **kwargs)
+
+
+def batch(seed, rows=16):
+    rng = np.random.default_rng(seed)
+    return (tf.constant(rng.standard_normal((rows, 3)), tf.float32),
+            tuple(tf.constant(rng.integers(0, c, rows), tf.int32) for c in CARDINALITIES),
+            tf.constant(rng.integers(0, 2, rows), tf.float32), tf.constant(rows, tf.int32))
+
+
+def weights(trainer):
+    return [v.numpy().copy() for v in trainer.dense_vars.values()] + \
+        [v.numpy().copy() for _, v in trainer.table_pairs]
+
+
+def test_steps_do_not_fetch_the_loss_and_divergence_names_its_step():
+    trainer = tiny_trainer(1e30)
+    losses = [trainer.train_step(batch(s), s) for s in range(4)]  # no error, no host value
+    assert all(isinstance(loss, tf.Tensor) for loss in losses)
+    first_bad = next(s for s, loss in enumerate(losses) if not np.isfinite(float(loss)))
+    with pytest.raises(TrainingDivergedError, match=f"at step {first_bad} "):
+        trainer.check_finite()
+
+
+def test_finite_training_passes_the_check():
+    trainer = tiny_trainer(0.1)
+    for s in range(3):
+        trainer.train_step(batch(s), s)
+    trainer.check_finite()
+
+
+def test_float16_overflow_skips_steps_and_halves_the_scale():
+    trainer = tiny_trainer(0.1, amp=True, compute_dtype=tf.float16)
+    scaler = trainer.loss_scale
+    assert isinstance(scaler, DynamicLossScale)
+    scaler.scale.assign(2.0 ** 30)  # (p - y) / 16 * 2**30 is far beyond float16's 65504
+    scaler.growth_interval = 3
+    clean_in_a_row, skipped, applied = 0, 0, 0
+    for s in range(25):
+        before, scale = weights(trainer), float(scaler.scale.numpy())
+        loss = float(trainer.train_step(batch(s), s))
+        after, new_scale = weights(trainer), float(scaler.scale.numpy())
+        assert np.isfinite(loss) and all(np.isfinite(w).all() for w in after)
+        if all(np.array_equal(a, b) for a, b in zip(before, after)):  # skipped
+            skipped, clean_in_a_row = skipped + 1, 0
+            assert new_scale == scale / 2
+        else:
+            applied, clean_in_a_row = applied + 1, clean_in_a_row + 1
+            grows = clean_in_a_row == 3
+            assert new_scale == (scale * 2 if grows else scale)
+            clean_in_a_row = 0 if grows else clean_in_a_row
+        if s == 0:
+            assert skipped == 1
+    assert skipped >= 10 and applied >= 6  # 2**30 -> below 2**16 takes > 10 halvings
+    trainer.check_finite()
+
+
+def test_given_loss_scale_stays_static():
+    trainer = tiny_trainer(0.1, amp=True, compute_dtype=tf.float16, loss_scale=128.0)
+    assert isinstance(trainer.loss_scale, StaticLossScale) and trainer.loss_scale.scale == 128
+    before = weights(trainer)
+    assert np.isfinite(float(trainer.train_step(batch(0), 0)))
+    assert not np.array_equal(before[0], weights(trainer)[0])
+    assert tiny_trainer(0.1, amp=True, compute_dtype=tf.bfloat16).loss_scale.scale == 1.0

@@ -1,0 +1,65 @@
+"""Train / evaluate / benchmark Wide & Deep on a parquet FeatureSpec dataset.
+
+  python -m wide_and_deep.main --dataset_path DIR [--cpu] [--num_epochs 20] ...
+  horovodrun -np N python -m wide_and_deep.main ...   (data-parallel)
+
+Wiring only: flags -> objects -> loops.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import runtime
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    a = p.add_argument
+    a("--dataset_path", required=True, help="directory holding the feature spec and parquet")
+    a("--fspec_file", default="feature_spec.yaml", help="spec file name inside --dataset_path")
+    a("--embedding_sizes_file", help="yaml/json: feature name -> embedding dimension")
+    a("--use_checkpoint", action="store_true", help="resume from / evaluate --model_dir")
+    a("--model_dir", default="model", help="checkpoint and SavedModel directory")
+    a("--results_dir", default="results", help="log and plots directory")
+    a("--log_filename", default="log.json", help="DLLogger log inside --results_dir")
+    a("--global_batch_size", type=int, default=131072)
+    a("--eval_batch_size", type=int, default=131072)
+    a("--num_epochs", type=int, default=20)
+    a("--cpu", action="store_true", help="hide GPUs")
+    a("--amp", action="store_true", help="bfloat16 (CPU) / float16 (GPU) MLP")
+    a("--xla", action="store_true", help="compile the dense part with XLA")
+    a("--linear_learning_rate", type=float, default=0.02, help="FTRL, wide part")
+    a("--deep_learning_rate", type=float, default=0.00012, help="RMSProp, deep part")
+    a("--deep_warmup_epochs", type=float, default=6, help="linear warmup of the deep rate")
+    a("--deep_hidden_units", type=int, nargs="+", default=[1024] * 5)
+    a("--deep_dropout", type=float, default=0.1)
+    a("--combiner", default="sum", help="multi-hot pooling: sum or mean")
+    a("--evaluate", action="store_true", help="evaluate only (with --use_checkpoint)")
+    a("--benchmark", action="store_true", help="measure train (or eval) samples/s")
+    a("--benchmark_warmup_steps", type=int, default=500)
+    a("--benchmark_steps", type=int, default=1000)
+    a("--disable_map_calculation", action="store_true")
+    a("--print_freq", type=int, default=100, help="steps between progress lines")
+    a("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.cpu:
+        os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
+    runtime.configure()
+    from checkpoint import CheckpointError
+    from feature_spec import FeatureSpecError
+    from wide_and_deep.run import Run
+    try:
+        return Run(args).execute()
+    except (FeatureSpecError, CheckpointError, ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

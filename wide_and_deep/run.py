@@ -1,0 +1,120 @@
+"""Flags -> objects (spec, readers, model, trainer, logger) and the four modes: train,
+evaluate, and the train / eval benchmarks."""
+from __future__ import annotations
+
+import os
+
+import checkpoint
+from dataloader import DictPipeline
+from datasets import open_reader
+from distributed import make_communicator
+from dllog import DLLogger
+from feature_spec import FeatureSpec
+from lr_scheduler import LearningRateSchedule
+from wide_and_deep import loops
+from wide_and_deep.contract import (MAP_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL,
+                                    WIDE_DEEP_CONTRACT)
+from wide_and_deep.model import WideDeepConfig, WideDeepModel, parameter_count
+from wide_and_deep.spec import embedding_dims
+from wide_and_deep.state import restore_state, state_arrays
+from wide_and_deep.trainer import WideDeepTrainer
+
+
+class Run:
+    def __init__(self, args):
+        self.args = args
+        self.spec = FeatureSpec.from_yaml(os.path.join(args.dataset_path, args.fspec_file))
+        self.spec.validate(WIDE_DEEP_CONTRACT)
+        self.comm = make_communicator()
+        self.logger = DLLogger(os.path.join(args.results_dir, args.log_filename),
+                               enabled=self.comm.rank == 0)
+        self.checkpoint_path = os.path.join(args.model_dir, "checkpoint")
+        self.label = self.spec.label_feature
+        maps = self.spec.channel(MAP_CHANNEL)
+        self.display = maps[0] if maps and not args.disable_map_calculation else None
+        self.train_pipe = self._pipe("train", args.global_batch_size, shuffle=True)
+        self.eval_pipe = self._pipe("test", args.eval_batch_size, shuffle=False)
+        self.config = WideDeepConfig.from_spec(
+            self.spec, embedding_dims(self.spec, args.embedding_sizes_file),
+            hidden_units=tuple(args.deep_hidden_units), dropout=args.deep_dropout,
+            combiner=args.combiner)
+        self.model = WideDeepModel(self.config, seed=args.seed)
+        warmup = int(args.deep_warmup_epochs * len(self.train_pipe))
+        schedule = LearningRateSchedule(args.deep_learning_rate, warmup_steps=warmup,
+                                        decay_steps=0)
+        self.trainer = WideDeepTrainer(self.model, self.comm, self.label,
+                                       args.linear_learning_rate, schedule, seed=args.seed,
+                                       amp=args.amp, xla=args.xla)
+
+    def _pipe(self, mapping: str, batch_size: int, shuffle: bool) -> DictPipeline:
+        features = [f for c in (ONEHOT_CHANNEL, MULTIHOT_CHANNEL, "numerical", "label")
+                    for f in self.spec.channel(c)]
+        if mapping == "test" and self.display:
+            features.append(self.display)
+        reader = open_reader(self.spec, mapping, batch_size, rank=self.comm.rank,
+                             world_size=self.comm.size,
+                             shuffle=shuffle, seed=self.args.seed, features=features)
+        if reader.num_rows == 0:
+            raise ValueError(f"{self.spec.base_directory}/{self.args.fspec_file}: the "
+                             f"'{mapping}' mapping has no rows")
+        return DictPipeline(reader, label_features=(self.label,))
+
+    def _evaluate(self) -> dict:
+        return loops.evaluate(self.trainer, self.eval_pipe, self.label, self.display)
+
+    def _save(self, position: dict) -> None:
+        checkpoint.save_arrays(self.checkpoint_path, state_arrays(self.model, self.trainer),
+                               position, self.comm)
+        self.logger.print(f"checkpoint saved: {self.checkpoint_path}")
+
+    def _restore(self) -> dict:
+        arrays, meta = checkpoint.load_arrays(self.checkpoint_path)
+        restore_state(self.model, self.trainer, arrays, self.checkpoint_path)
+        self.logger.print(f"restored {self.checkpoint_path} (epoch {meta['epoch']})")
+        return meta
+
+    def execute(self) -> int:
+        args = self.args
+        self.logger.parameters(dict(vars(args), world_size=self.comm.size,
+                                    parameters=parameter_count(self.config)))
+        position = {"epoch": 0, "step": 0}
+        if args.use_checkpoint and (args.evaluate or
+                                    os.path.exists(self.checkpoint_path)):
+            position = self._restore()
+        if args.benchmark:
+            return self._benchmark()
+        if args.evaluate:
+            final = self._evaluate()
+        else:
+            final = loops.train(self.trainer, self.train_pipe, self.eval_pipe, self.logger,
+                                self._save, position, args.num_epochs, args.global_batch_size,
+                                self._evaluate, args.print_freq) or self._evaluate()
+            self._export()
+        self.logger.log((), final)
+        self.logger.print(f"final: {loops.metrics_text(final)}")
+        return 0
+
+    def _benchmark(self) -> int:
+        args = self.args
+        if args.evaluate:
+            run, pipe, batch = self.trainer.predict, self.eval_pipe, args.eval_batch_size
+        else:
+            run, pipe, batch = self.trainer.train_step, self.train_pipe, args.global_batch_size
+        result = loops.benchmark(lambda b, step: run(b) if args.evaluate else run(b, step),
+                                 pipe, args.benchmark_warmup_steps, args.benchmark_steps, batch)
+        key = "eval_throughput" if args.evaluate else "train_throughput"
+        self.logger.log((), {key: result["samples_per_second"], **result})
+        self.logger.print(f"{key}: {result['samples_per_second']:,.0f} samples/s "
+                          f"({result['steps']} steps after {args.benchmark_warmup_steps} warm-up)")
+        return 0
+
+    def _export(self) -> None:
+        if self.comm.rank != 0:
+            return
+        from plot_log import plot
+        from wide_and_deep.export import export_saved_model
+        export_saved_model(self.model, os.path.join(self.args.model_dir, "saved_model"))
+        log = os.path.join(self.args.results_dir, self.args.log_filename)
+        plot(log, os.path.join(self.args.results_dir, "curves.png"))
+        self.logger.print(f"exported {self.args.model_dir}/saved_model, plotted "
+                          f"{self.args.results_dir}/curves.png")
