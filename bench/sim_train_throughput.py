@@ -1,8 +1,8 @@
 """Training samples/s and inference latency of SIM: this toolkit's implementation vs a naive
 Keras one of the same model (Keras Embedding, Dense, GRU and an RNN cell for AUGRU, Keras
 Adam, default settings), on the reference shape (histories of 100, embedding 16, GSU 200,
-stage two 200,80, aux 100,50, Amazon Books table sizes). Each variant runs in its own process on the same random
-batches; the driver prints both and the ratio.
+stage two 200,80, aux 100,50, Amazon Books table sizes). Each variant runs in its own process
+on the same random batches; the driver prints both and the ratio.
 
   python bench/sim_train_throughput.py [--batch_size 1024] [--steps 30] [--threads 0]
 """
@@ -197,7 +197,8 @@ def main(argv=None):
     print(f"training speed-up over naive Keras: {ratio:.2f}x (target >= 1.5x); inference at "
           f"batch 1024, p50 / p99: ours {ours['inference_p50_ms_batch1024']:.1f} / "
           f"{ours['inference_p99_ms_batch1024']:.1f} ms, keras "
-          f"{keras['inference_p50_ms_batch1024']:.1f} / {keras['inference_p99_ms_batch1024']:.1f} ms")
+          f"{keras['inference_p50_ms_batch1024']:.1f} / "
+          f"{keras['inference_p99_ms_batch1024']:.1f} ms")
     return 0
 
 
