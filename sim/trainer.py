@@ -31,6 +31,17 @@ def make_optimizer(name: str, variables: dict, weight_decay: float):
                      f"found '{name}' with --weight_decay {weight_decay}")
 
 
+def input_signature(config) -> dict:
+    """TensorSpecs of SimModel.lookup's inputs (ids int64, lengths int32, any batch size)."""
+    def ids(count, shape):
+        return [tf.TensorSpec(shape, tf.int64) for _ in range(count)]
+
+    items, history = len(config.item_cardinalities), [None, config.history_length]
+    return {"user": ids(len(config.user_cardinalities), [None]), "target": ids(items, [None]),
+            "positive": ids(items, history), "negative": ids(items, history),
+            "length": tf.TensorSpec([None], tf.int32)}
+
+
 class SimTrainer:
     def __init__(self, model, comm, optimizer="adam", lr=0.01, weight_decay=0.0, amp=False,
                  xla=False, seed=0):
@@ -42,8 +53,12 @@ class SimTrainer:
         self.optimizer = make_optimizer(optimizer, {**self.dense, **self.tables}, weight_decay)
         self._dense_fn = tf.function(self._dense_step, jit_compile=True) if xla \
             else self._dense_step
-        self._train_fn = tf.function(self._train_step)
-        self._predict_fn = tf.function(self._predict_step)
+        # One trace for every batch size (the last batch of an epoch is usually smaller).
+        inputs = input_signature(model.config)
+        self._train_fn = tf.function(self._train_step, input_signature=[
+            inputs, tf.TensorSpec([None], tf.float32), tf.TensorSpec([], tf.int32),
+            tf.TensorSpec([], tf.int64)])
+        self._predict_fn = tf.function(self._predict_step, input_signature=[inputs])
 
     def variables(self) -> dict:
         return {**{f"dense/{k}": v for k, v in self.dense.items()},
@@ -88,7 +103,8 @@ class SimTrainer:
         return tf.sigmoid(logit)
 
     def train_step(self, inputs, label, global_rows, step: int) -> float:
-        loss = float(self._train_fn(inputs, label, global_rows, tf.constant(step, tf.int64)))
+        loss = float(self._train_fn(inputs, label, tf.constant(global_rows, tf.int32),
+                                    tf.constant(step, tf.int64)))
         if not np.isfinite(loss):
             raise TrainingDivergedError(f"loss became {loss} at step {step}; lower --lr")
         return loss
