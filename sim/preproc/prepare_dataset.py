@@ -20,8 +20,8 @@ import sys
 
 import numpy as np
 
+import runtime
 from sim import schema
-from sim.preproc.examples import user_examples
 
 UNKNOWN_CATEGORY = 0
 ROWS_PER_FILE = 200_000
@@ -99,11 +99,17 @@ def build(spark, reviews_path, metadata_path, min_interactions, history_length, 
     by_user = (events.rdd.map(lambda r: (r["user_id"], (r["time"], r["asin"], r["asin_id"])))
                .groupByKey())
     table = spark.sparkContext.broadcast(category_of)
+    # Pickle the example builder by value: a cluster's Python workers need not have this
+    # repository on their path (it needs only numpy).
+    from pyspark import cloudpickle
+
+    from sim.preproc import examples as example_module
+    cloudpickle.register_pickle_by_value(example_module)
 
     def examples(pair):
         user, interactions = pair
         ordered = [item for _, _, item in sorted(interactions)]
-        return user_examples(user, ordered, table.value, history_length, seed)
+        return example_module.user_examples(user, ordered, table.value, history_length, seed)
 
     rows = by_user.flatMap(examples).sortBy(lambda e: (e[1][0], e[1][1], -e[1][2]))
     spec = schema.sim_spec(num_users, num_items, num_categories, history_length,
@@ -174,6 +180,7 @@ def run(args, spark=None):
 
 
 def main(argv=None):
+    runtime.configure()  # quiet TensorFlow, which the TFRecord writer imports
     try:
         args = parse_args(argv)
         spec = run(args)
