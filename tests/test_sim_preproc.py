@@ -91,7 +91,32 @@ def test_generated_reviews_match_pandas(spark, tmp_path):
     assert spec.cardinality("user_id") == 8
     assert spec.cardinality("item_id") == len(item_cat)
     assert spec.cardinality("cat_id") == num_categories == 4  # unknown + Leaf0..2
-    check_against_reference(rows.collect(), sequences, item_cat)
+    check_against_reference(rows.cache().collect(), sequences, item_cat)
+    check_written_dataset(spec, rows, str(tmp_path / "out"), sequences, item_cat)
+
+
+def check_written_dataset(spec, rows, out, sequences, item_cat):
+    """What the writer makes of the rows is a SIM dataset: spec valid for the SIM contract,
+    test rows = each kept user's last interaction (positive then negative), histories as in
+    pandas."""
+    from datasets import length_key, open_reader
+    from sim.data import load_spec
+    from sim.preproc.prepare_dataset import write
+    write(spec, rows, out)
+    spec = load_spec(out, "feature_spec.yaml")
+    assert spec.metadata["rows"] == {
+        "train": 2 * sum(len(s) - 1 for s in sequences.values()), "test": 2 * len(sequences)}
+    test = open_reader(spec, "test", 1000).get(0)
+    users = sorted(sequences)
+    assert list(test["user_id"]) == [u for u in users for _ in (1, 0)]
+    assert list(test["label"]) == [1, 0] * len(users)
+    for row, user in enumerate(users):
+        seq = sequences[user]
+        history = seq[-1 - HISTORY:-1]
+        assert test["item_id"][2 * row] == seq[-1]
+        assert test[length_key("hist_item_id")][2 * row] == len(history)
+        assert list(test["hist_item_id"][2 * row][:len(history)]) == history
+        assert list(test["hist_cat_id"][2 * row][:len(history)]) == list(item_cat[history])
 
 
 def test_negatives_follow_the_seed():

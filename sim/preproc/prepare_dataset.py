@@ -9,8 +9,8 @@ the files with --reviews_file / --metadata_file; the metadata may also be an
 `asin<TAB>category` table. Spark filters users with fewer than --min_interactions reviews,
 orders each user's reviews by (time, asin), maps ids to contiguous ranges (users, items by
 sorted key; categories 1.. by name, 0 = unknown: an item without a category) and builds the
-examples (sim.preproc.examples). The driver then streams them, in (user, interaction, positive first)
-order, into the core ColumnarWriter (TFRecord `train`, `test`, feature_spec.yaml).
+examples (sim.preproc.examples). The driver then streams them, in (user, interaction,
+positive first) order, into the core ColumnarWriter (TFRecord `train`, `test`, feature_spec.yaml).
 """
 from __future__ import annotations
 
