@@ -93,7 +93,8 @@ class Trainer:
 
     def _table_gradient(self, var, grad):
         if var.ref() in self.replicated:
-            grad = self.comm.allreduce_sum(grad, name=f"replicated_grad_{var.name[:-2].replace('/', '_')}")
+            name = var.name[:-2].replace("/", "_")
+            grad = self.comm.allreduce_sum(grad, name=f"replicated_grad_{name}")
         if not isinstance(grad, tf.IndexedSlices):
             grad = tf.IndexedSlices(grad, tf.range(tf.shape(grad)[0]))
         return grad
