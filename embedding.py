@@ -179,6 +179,8 @@ class EmbeddingLayer(tf.Module):
                 return table_variable(rows, plan.dim, seed, table, c0, c1, trainable, name)
 
         with self.name_scope:
+            if self.comm.size > 1 and not self.local_pieces:
+                self.exchange_anchor = tf.Variable(tf.zeros([1, 0]), name="exchange_anchor")
             self.piece_variables = [
                 variable(p.rows, p.table, p.col_start, p.col_stop,
                          f"table_{p.table}_cols_{p.col_start}") for p in self.local_pieces]
@@ -201,18 +203,18 @@ class EmbeddingLayer(tf.Module):
         global_rows: B_global (given, since a rank may read no ids at all)."""
         return self.lookup(categorical, global_rows)[0]
 
-    def lookup(self, categorical, global_rows, tape=None):
+    def lookup(self, categorical, global_rows):
         """(embedded, extra gradient sources). A training step differentiates `embedded` with
         respect to the tables and the extra sources: a rank without model-parallel pieces
-        must still send the backward all-to-all, so its (empty) all-to-all input is watched
-        on `tape` and returned as a source."""
+        must still send the backward all-to-all, so its (empty) all-to-all input is looked
+        up from a zero-width variable, the extra source."""
         ids = dict(zip(self.read_tables, categorical))
         vectors, sources = {}, []
         if self.comm.size == 1:
             for p, var in zip(self.local_pieces, self.piece_variables):
                 vectors.setdefault(p.table, []).append(tf.nn.embedding_lookup(var, ids[p.table]))
         else:
-            vectors, sources = self._exchange(ids, global_rows, tape)
+            vectors, sources = self._exchange(ids, global_rows)
         start, stop = self.local_rows(global_rows)
         for t, var in self.replicated_variables.items():
             vectors[t] = [tf.nn.embedding_lookup(var, ids[t][start:stop])]
@@ -220,7 +222,7 @@ class EmbeddingLayer(tf.Module):
                      for _, v in sorted(vectors.items())]
         return tf.stack(per_table, axis=1), sources
 
-    def _exchange(self, ids, global_batch, tape):
+    def _exchange(self, ids, global_batch):
         """Model-parallel lookups for the global batch -> each rank's local rows (all-to-all);
         also the extra gradient sources of lookup()."""
         plan, comm = self.plan, self.comm
@@ -232,12 +234,13 @@ class EmbeddingLayer(tf.Module):
         if local:
             send = tf.concat(local, axis=1)  # [B_global, my_width]
         else:
-            send = tf.zeros([global_batch, 0], dtype=tf.float32)
+            # a variable, not a constant: gradients w.r.t. a watched tensor inside
+            # tf.function skipped the backward all-to-all (and the other ranks waited)
+            send = tf.nn.embedding_lookup(self.exchange_anchor,
+                                          tf.zeros([global_batch], tf.int32))
+            sources = [self.exchange_anchor]
         # rows bounds[r]:bounds[r+1] go to rank r, flattened
         send_flat = tf.reshape(send, [-1])
-        if not local and tape is not None:
-            tape.watch(send_flat)
-            sources = [send_flat]
         splits = tf.stack([(bounds[r + 1] - bounds[r]) * my_width for r in range(comm.size)])
         received = comm.alltoall(send_flat, splits)
         my_rows = bounds[comm.rank + 1] - bounds[comm.rank]

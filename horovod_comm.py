@@ -35,11 +35,15 @@ class HorovodCommunicator(Communicator):
         def exchange(x):
             splits_i32 = tf.cast(splits, tf.int32)
             self._count(x, splits_i32)
-            received, received_splits = hvd.alltoall(x, splits=splits_i32)
+            # fixed names: Horovod matches collectives across ranks by name, and the
+            # generated ones differ between ranks whose graphs differ (e.g. one without tables)
+            received, received_splits = hvd.alltoall(x, splits=splits_i32,
+                                                     name="embedding_alltoall")
 
             def backward(upstream):
                 self._count(upstream, received_splits)
-                grad, _ = hvd.alltoall(upstream, splits=received_splits)
+                grad, _ = hvd.alltoall(upstream, splits=received_splits,
+                                       name="embedding_alltoall_grad")
                 return grad
 
             return received, backward

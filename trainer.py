@@ -68,13 +68,16 @@ class Trainer:
     def _train_step(self, numerical, categorical, label, global_rows, lr, step):
         table_vars = [var for _, var in self.table_pairs]
         with tf.GradientTape() as tape:
-            embedded, sources = self.model.embeddings.lookup(categorical, global_rows, tape)
+            embedded, sources = self.model.embeddings.lookup(categorical, global_rows)
         loss, dense_grads, embedded_grad = self._dense_fn(numerical, embedded, label,
                                                           global_rows, self.loss_scale.scale)
         # the extra sources keep the backward all-to-all on a rank that holds no piece
-        table_grads = tape.gradient(embedded, table_vars + sources,
-                                    output_gradients=embedded_grad)[:len(table_vars)]
-        dense_grads = [self.comm.allreduce_sum(g) for g in dense_grads]
+        grads = tape.gradient(embedded, table_vars + sources, output_gradients=embedded_grad)
+        table_grads, source_grads = grads[:len(table_vars)], grads[len(table_vars):]
+        # collectives are named: Horovod matches them across ranks by name, and the names
+        # it generates differ between ranks whose graphs differ (e.g. one without tables)
+        dense_grads = [self.comm.allreduce_sum(g, name=f"dense_grad_{name.replace('/', '_')}")
+                       for name, g in zip(self.dense_vars, dense_grads)]
         table_grads = [self._table_gradient(var, g) for var, g in zip(table_vars, table_grads)]
         if self.loss_scale.dynamic:
             finite = self._all_finite(dense_grads + [g.values for g in table_grads])
@@ -82,13 +85,16 @@ class Trainer:
             self.loss_scale.update(finite)
         else:
             self._apply(dense_grads, table_grads, lr)
-        loss = self.comm.allreduce_sum(loss)
+        loss = self.comm.allreduce_sum(loss, name="loss")
+        for grad in source_grads:  # + 0 (no elements): tf.function prunes control-only paths
+            loss += tf.reduce_sum(tf.convert_to_tensor(grad))
         self._record_divergence(loss, step)
         return loss
 
     def _table_gradient(self, var, grad):
         if var.ref() in self.replicated:
-            grad = self.comm.allreduce_sum(grad)
+            name = var.name[:-2].replace("/", "_")
+            grad = self.comm.allreduce_sum(grad, name=f"replicated_grad_{name}")
         if not isinstance(grad, tf.IndexedSlices):
             grad = tf.IndexedSlices(grad, tf.range(tf.shape(grad)[0]))
         return grad
@@ -97,7 +103,7 @@ class Trainer:
         """True on every rank, or on none: the count of non-finite values is summed."""
         bad = tf.add_n([tf.reduce_sum(tf.cast(~tf.math.is_finite(g), tf.float32))
                         for g in grads])
-        return tf.equal(self.comm.allreduce_sum(bad), 0.0)
+        return tf.equal(self.comm.allreduce_sum(bad, name="nonfinite_count"), 0.0)
 
     def _apply(self, dense_grads, table_grads, lr):
         for var, grad in zip(self.dense_vars.values(), dense_grads):
