@@ -59,3 +59,14 @@ def write_dataset(tmp_path):
 
     return write
 
+
+
+def drop_cli_flags(module_name: str) -> None:
+    """Forget the absl flags (and the import) of a CLI module: each CLI defines its flags
+    once on absl's global registry (one CLI per process in real use), so a test session that
+    runs another absl CLI in-process afterwards (DLRM's main, then sim.main) must drop them."""
+    from absl import flags
+    for name in list(flags.FLAGS):
+        if flags.FLAGS.find_module_defining_flag(name) == module_name:
+            delattr(flags.FLAGS, name)
+    sys.modules.pop(module_name, None)

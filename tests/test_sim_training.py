@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, require_or_skip
+from conftest import ROOT, drop_cli_flags, require_or_skip
 
 SMALL = ["--cpu", "--global_batch_size", "128", "--stage_one_mlp_dims", "32",
          "--stage_two_mlp_dims", "32,16", "--aux_mlp_dims", "16", "--print_freq", "1000"]
@@ -31,6 +31,7 @@ def data(tmp_path_factory):
 
 
 def run_main(args):
+    drop_cli_flags("main")  # DLRM's main.py, if an earlier test imported it
     from sim import main as sim_main
     sim_main.F.unparse_flags()
     sim_main.F(["sim.main"] + list(args))
