@@ -2,7 +2,7 @@
 since the last report, and the ETA of the remaining steps.
 
 The interval's clock and its step count live in one object and are reset together, so time
-spent outside training (an evaluation, a checkpoint) can be excluded with pause() without
+spent outside training (an evaluation, a checkpoint) can be excluded with restart_interval() without
 the two drifting apart.
 """
 from __future__ import annotations
