@@ -317,7 +317,22 @@ class StagedDirectory:
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
 
-class SplitBinaryWriter:
+class _CommitOnExit:
+    """Used as a context manager, a writer closes (publishes) on success and aborts (leaves
+    nothing behind) when the block raises."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+        return False
+
+
+class SplitBinaryWriter(_CommitOnExit):
     """Writes a new split-binary dataset with its feature_spec.yaml.
 
     Everything goes to a temporary sibling directory that is renamed into place by close(),
@@ -435,15 +450,6 @@ class SplitBinaryWriter:
         self._done = True
         self._output.discard()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-        return False
 
     def __del__(self):  # dropped without close(): never leave the temp dir behind
         try:
@@ -714,7 +720,7 @@ def _ragged(values, width: int, name: str):
     return flat, lengths
 
 
-class ColumnarWriter:
+class ColumnarWriter(_CommitOnExit):
     """Writes a parquet or TFRecord dataset with its feature_spec.yaml, through a staged
     directory (nothing appears at output_dir until close() succeeds).
 
@@ -842,15 +848,6 @@ class ColumnarWriter:
         self._done = True
         self._output.discard()
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
-        return False
 
 
 def write_columns(output_dir: str, spec: FeatureSpec, mappings: dict, output_format: str,
