@@ -317,9 +317,24 @@ class StagedDirectory:
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
 
-class _CommitOnExit:
-    """Used as a context manager, a writer closes (publishes) on success and aborts (leaves
-    nothing behind) when the block raises."""
+class _StagedWriter:
+    """A writer staging into self._output: close() finishes the files, writes the spec and
+    publishes the directory; any failure on the way (or a raising with-block) aborts and
+    leaves nothing behind. Subclasses provide _finish_files() and abort()."""
+
+    def close(self) -> FeatureSpec:
+        if self._done:
+            raise DatasetError("close() called twice, or after abort()")
+        try:
+            self._finish_files()
+            self.spec.to_yaml(os.path.join(self._output.tmp_dir, "feature_spec.yaml"))
+        except BaseException:
+            self.abort()
+            raise
+        self._output.publish()
+        self._done = True
+        self.spec.base_directory = self._output.output_dir
+        return self.spec
 
     def __enter__(self):
         return self
@@ -332,7 +347,7 @@ class _CommitOnExit:
         return False
 
 
-class SplitBinaryWriter(_CommitOnExit):
+class SplitBinaryWriter(_StagedWriter):
     """Writes a new split-binary dataset with its feature_spec.yaml.
 
     Everything goes to a temporary sibling directory that is renamed into place by close(),
@@ -418,30 +433,19 @@ class SplitBinaryWriter(_CommitOnExit):
                 f.write(array.reshape(-1).view(np.uint8))
         self.rows[mapping] = self.rows.get(mapping, 0) + n
 
-    def close(self) -> FeatureSpec:
-        if self._done:
-            raise DatasetError("close() called twice, or after abort()")
-        try:
-            for f in self._files.values():
-                f.close()
+    def _finish_files(self) -> None:
+        for f in self._files.values():
+            f.close()
+        self._files = {}
+        self.spec.metadata = dict(self.spec.metadata,
+                                  rows={m: self.rows.get(m, 0) for m in self.spec.mappings})
+        for mapping in self.spec.mappings:  # an empty mapping still gets its (empty) files
+            for chunk in self.spec.source_spec[mapping]:
+                path = self.spec.chunk_path(chunk)
+                if not os.path.exists(path):
+                    self._file(path).close()
             self._files = {}
-            self.spec.metadata = dict(self.spec.metadata,
-                                      rows={m: self.rows.get(m, 0) for m in self.spec.mappings})
-            for mapping in self.spec.mappings:  # an empty mapping still gets its (empty) files
-                for chunk in self.spec.source_spec[mapping]:
-                    path = self.spec.chunk_path(chunk)
-                    if not os.path.exists(path):
-                        self._file(path).close()
-                self._files = {}
-                check_mapping_files(self.spec, mapping)
-            self.spec.to_yaml(os.path.join(self._output.tmp_dir, "feature_spec.yaml"))
-        except BaseException:
-            self.abort()
-            raise
-        self._output.publish()
-        self._done = True
-        self.spec.base_directory = self._output.output_dir
-        return self.spec
+            check_mapping_files(self.spec, mapping)
 
     def abort(self) -> None:
         for f in self._files.values():
@@ -720,7 +724,7 @@ def _ragged(values, width: int, name: str):
     return flat, lengths
 
 
-class ColumnarWriter(_CommitOnExit):
+class ColumnarWriter(_StagedWriter):
     """Writes a parquet or TFRecord dataset with its feature_spec.yaml, through a staged
     directory (nothing appears at output_dir until close() succeeds).
 
@@ -823,26 +827,15 @@ class ColumnarWriter(_CommitOnExit):
                 out.write(tf.train.Example(features=tf.train.Features(feature=feature))
                           .SerializeToString())
 
-    def close(self) -> FeatureSpec:
-        if self._done:
-            raise DatasetError("close() called twice, or after abort()")
-        try:
-            for mapping, files in self.files.items():
-                if not files:  # an empty mapping still gets a (row-less) file
-                    self.write(mapping, {f: ([] if self.spec.dimension(f) else np.zeros(0))
-                                         for f in self.features})
-            self.spec.source_spec = {m: [{"type": self.format, "features": list(self.features),
-                                          "files": list(files)}]
-                                     for m, files in self.files.items()}
-            self.spec.metadata = dict(self.spec.metadata, rows=dict(self.rows))
-            self.spec.to_yaml(os.path.join(self._output.tmp_dir, "feature_spec.yaml"))
-        except BaseException:
-            self.abort()
-            raise
-        self._output.publish()
-        self._done = True
-        self.spec.base_directory = self._output.output_dir
-        return self.spec
+    def _finish_files(self) -> None:
+        for mapping, files in self.files.items():
+            if not files:  # an empty mapping still gets a (row-less) file
+                self.write(mapping, {f: ([] if self.spec.dimension(f) else np.zeros(0))
+                                     for f in self.features})
+        self.spec.source_spec = {m: [{"type": self.format, "features": list(self.features),
+                                      "files": list(files)}]
+                                 for m, files in self.files.items()}
+        self.spec.metadata = dict(self.spec.metadata, rows=dict(self.rows))
 
     def abort(self) -> None:
         self._done = True
