@@ -207,3 +207,18 @@ def load_arrays(path: str) -> tuple:
         raise CheckpointError(f"checkpoint file missing: {file}")
     with np.load(file) as data:
         return {name: data[name] for name in data.files}, meta
+
+
+def assign_arrays(variables: dict, arrays: dict, path: str) -> None:
+    """Assign {name: array} of a checkpoint to {name: variable}; a missing array or a shape
+    the model does not have is an error naming it (a checkpoint of another model)."""
+    missing = sorted(set(variables) - set(arrays))
+    if missing:
+        raise CheckpointError(f"checkpoint {path} lacks {missing[:3]} ({len(missing)} arrays); "
+                              f"was it written by another model?")
+    for name, var in variables.items():
+        if tuple(arrays[name].shape) != tuple(var.shape):
+            raise CheckpointError(f"checkpoint {path}: '{name}' has shape "
+                                  f"{tuple(arrays[name].shape)}, the model needs "
+                                  f"{tuple(var.shape)}")
+        var.assign(np.asarray(arrays[name], dtype=var.dtype.as_numpy_dtype))

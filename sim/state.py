@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from checkpoint import CheckpointError, load_arrays, save_arrays
+from checkpoint import CheckpointError, assign_arrays, load_arrays, save_arrays
 
 
 def _shape(config) -> dict:
@@ -45,8 +45,5 @@ def restore(path: str, trainer) -> dict:
         iterations = getattr(trainer.optimizer, "iterations", None)
         if iterations is not None:
             iterations.assign(meta["optimizer_iterations"])
-    for name, var in variables.items():
-        if name not in arrays:
-            raise CheckpointError(f"checkpoint {path} lacks variable '{name}'")
-        var.assign(arrays[name])
+    assign_arrays(variables, arrays, path)
     return meta["position"]

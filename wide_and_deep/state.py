@@ -2,9 +2,7 @@
 checkpoint.save_arrays / load_arrays: full replicas, so any world size can resume it."""
 from __future__ import annotations
 
-import numpy as np
-
-from checkpoint import CheckpointError
+from checkpoint import assign_arrays
 
 
 def named_variables(model, trainer) -> dict:
@@ -23,14 +21,4 @@ def state_arrays(model, trainer) -> dict:
 
 
 def restore_state(model, trainer, arrays: dict, path: str) -> None:
-    variables = named_variables(model, trainer)
-    missing = sorted(set(variables) - set(arrays))
-    if missing:
-        raise CheckpointError(f"checkpoint {path} lacks {missing[:3]} ({len(missing)} arrays); "
-                              f"was it written by another model?")
-    for name, var in variables.items():
-        if tuple(arrays[name].shape) != tuple(var.shape):
-            raise CheckpointError(f"checkpoint {path}: '{name}' has shape "
-                                  f"{tuple(arrays[name].shape)}, the model needs "
-                                  f"{tuple(var.shape)}")
-        var.assign(np.asarray(arrays[name], dtype=np.float32))
+    assign_arrays(named_variables(model, trainer), arrays, path)
