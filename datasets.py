@@ -316,6 +316,17 @@ class StagedDirectory:
     def discard(self) -> None:
         shutil.rmtree(self.tmp_dir, ignore_errors=True)
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        """Publish when the block succeeds, discard the staged output when it raises."""
+        if exc_type is None:
+            self.publish()
+        else:
+            self.discard()
+        return False
+
 
 class _StagedWriter:
     """A writer staging into self._output: close() finishes the files, writes the spec and

@@ -35,11 +35,6 @@ class ServingModel(tf.Module):
 def export_saved_model(model, spec, output_path: str) -> None:
     from datasets import StagedDirectory
     serving = ServingModel(model, spec)
-    staged = StagedDirectory(output_path, overwrite=True)
-    try:
+    with StagedDirectory(output_path, overwrite=True) as staged:
         tf.saved_model.save(serving, staged.tmp_dir,
                             signatures={"serving_default": serving.serve})
-    except BaseException:
-        staged.discard()
-        raise
-    staged.publish()

@@ -3,12 +3,9 @@
 and renamed into place."""
 from __future__ import annotations
 
-import os
-import shutil
-
 import tensorflow as tf
 
-from datasets import length_key
+from datasets import StagedDirectory, length_key
 
 
 def serving_signature(config) -> dict:
@@ -35,10 +32,7 @@ class ServingModel(tf.Module):
 
 
 def export_saved_model(model, output_path: str) -> None:
-    output_path = os.path.abspath(output_path)
     serving = ServingModel(model)
-    tmp = output_path + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tf.saved_model.save(serving, tmp, signatures={"serving_default": serving.serve})
-    shutil.rmtree(output_path, ignore_errors=True)
-    os.rename(tmp, output_path)
+    with StagedDirectory(output_path, overwrite=True) as staged:
+        tf.saved_model.save(serving, staged.tmp_dir,
+                            signatures={"serving_default": serving.serve})

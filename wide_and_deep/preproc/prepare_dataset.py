@@ -5,7 +5,7 @@
 
 RAW holds the competition's CSVs under their original names; the documents_* tables may be
 absent (their features then get the "missing" value). Spark runs locally unless --master
-(or SPARK_MASTER) names a cluster. OUT is written as OUT.tmp and renamed into place.
+(or SPARK_MASTER) names a cluster. OUT is staged in a temporary sibling directory and renamed into place.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import shutil
 import sys
 import time
 
+from datasets import StagedDirectory
 from feature_spec import FeatureSpec
 from wide_and_deep.spec import (DISPLAY_ID, ITEM_ONEHOT, LABEL, NUMERICAL, REQUEST_MULTIHOT,
                                 REQUEST_ONEHOT, build_spec)
@@ -97,28 +98,19 @@ def output_spec(tmp: str, cardinalities: dict, rows: dict) -> FeatureSpec:
     return spec
 
 
-def replace_dir(tmp: str, out: str) -> None:
-    old = out + ".old"
-    shutil.rmtree(old, ignore_errors=True)
-    if os.path.exists(out):
-        os.rename(out, old)
-    os.rename(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
-
-
 def run(args, spark) -> dict:
     start = time.time()
     out = os.path.abspath(args.output_path)
-    tmp, work = out + ".tmp", out + ".work"
-    for d in (tmp, work):
-        shutil.rmtree(d, ignore_errors=True)
+    work = out + ".work"
+    shutil.rmtree(work, ignore_errors=True)
     train, test, cardinalities = transform(read_tables(spark, args.outbrain_path), args, work)
-    train.write.parquet(os.path.join(tmp, "train"))
-    test.write.parquet(os.path.join(tmp, "test"))
-    rows = {"train": spark.read.parquet(os.path.join(tmp, "train")).count(),
-            "test": spark.read.parquet(os.path.join(tmp, "test")).count()}
-    output_spec(tmp, cardinalities, rows).to_yaml(os.path.join(tmp, "feature_spec.yaml"))
-    replace_dir(tmp, out)
+    with StagedDirectory(out, overwrite=True) as staged:
+        tmp = staged.tmp_dir
+        train.write.parquet(os.path.join(tmp, "train"))
+        test.write.parquet(os.path.join(tmp, "test"))
+        rows = {"train": spark.read.parquet(os.path.join(tmp, "train")).count(),
+                "test": spark.read.parquet(os.path.join(tmp, "test")).count()}
+        output_spec(tmp, cardinalities, rows).to_yaml(os.path.join(tmp, "feature_spec.yaml"))
     shutil.rmtree(work, ignore_errors=True)
     log(f"wrote {out}: rows {rows}, cardinalities {cardinalities} "
         f"({time.time() - start:.1f} s)")
