@@ -6,12 +6,41 @@ label float32 [b_local], global_rows int32): the per-rank layout of datasets.py.
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import tensorflow as tf
 
-from datasets import LENGTH_SUFFIX, BatchSource, SplitBinaryReader, SyntheticSource
+from datasets import (LENGTH_SUFFIX, BatchSource, DatasetError, SplitBinaryReader,
+                      SyntheticSource)
 from embedding import PlacementPlan
 from feature_spec import FeatureSpec
+
+# The last DatasetError raised by a read inside tf.numpy_function: TensorFlow re-raises it
+# as a multi-line OpError, and reader_errors_surfaced() gives the CLIs the one-line original back.
+_failed_read = []
+
+
+def _recording_errors(read):
+    def guarded(index):
+        try:
+            return read(index)
+        except DatasetError as e:
+            _failed_read[:] = [e]
+            raise
+    return guarded
+
+
+@contextlib.contextmanager
+def reader_errors_surfaced():
+    """Re-raises the DatasetError behind a failed tf.data read (e.g. a multi-hot row longer
+    than its dimension in a later batch) in place of TensorFlow's multi-line wrapper."""
+    try:
+        yield
+    except tf.errors.OpError as e:
+        if _failed_read and str(_failed_read[0]) in str(e):
+            raise _failed_read[0] from None
+        raise
 
 
 def id_dtype(cardinality: int):
@@ -45,8 +74,8 @@ class BatchPipeline:
 
     def dataset(self, order) -> tf.data.Dataset:
         def read(index):
-            values = tf.numpy_function(self._read, [index], self.read_types + [tf.int32],
-                                       stateful=False)
+            values = tf.numpy_function(_recording_errors(self._read), [index],
+                                       self.read_types + [tf.int32], stateful=False)
             numerical = tf.cast(values[0], tf.float32)
             numerical.set_shape([None, self.num_numerical])
             label = tf.cast(values[1], tf.float32)
@@ -122,8 +151,8 @@ class DictPipeline:
 
     def dataset(self, order) -> tf.data.Dataset:
         def read(index):
-            values = tf.numpy_function(self._read, [index], self.read_types + [tf.int32],
-                                       stateful=False)
+            values = tf.numpy_function(_recording_errors(self._read), [index],
+                                       self.read_types + [tf.int32], stateful=False)
             batch = {}
             for key, value, dtype in zip(self.keys, values, self.read_types):
                 value = tf.cast(value, self._target_dtype(key, dtype))

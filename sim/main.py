@@ -136,8 +136,10 @@ def run(spec, comm, logger):
 
 def main(argv):
     """Errors of the inputs (spec, data, flags, checkpoint) end the run with one line."""
+    from dataloader import reader_errors_surfaced
     try:
-        train_or_infer()
+        with reader_errors_surfaced():
+            train_or_infer()
     except ValueError as e:  # FeatureSpecError, DatasetError, SimDataError, CheckpointError...
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)

@@ -1,6 +1,7 @@
 """Wide & Deep end to end through `python -m wide_and_deep.main`: the planted signal is
 learned and the null one is not, resume equals an uninterrupted run, 2 Horovod processes
 equal 1, and bad inputs give one-line errors."""
+import glob
 import os
 import shutil
 import subprocess
@@ -163,6 +164,17 @@ def edited_copy(src, dst, edit):
     return dst
 
 
+def long_row_in_last_train_file(src, dst):
+    """A copy whose last training row has 4 multi-hot ids for dimension 3: the first batch
+    (checked when the reader opens) is fine, a batch read during training is not."""
+    shutil.copytree(src, dst)
+    path = sorted(glob.glob(os.path.join(dst, "train", "*.parquet")))[-1]
+    frame = pd.read_parquet(path)
+    frame.at[frame.index[-1], "multihot_0"] = np.array([1, 1, 1, 1])
+    frame.to_parquet(path)
+    return {"dir": dst, "file": os.path.basename(path), "row": len(frame) - 1}
+
+
 def test_bad_inputs_give_one_line_errors(data, tmp_path, capsys):
     base = ["--cpu", "--model_dir", str(tmp_path / "m"), "--results_dir", str(tmp_path / "r")]
     no_label = edited_copy(data["planted"], str(tmp_path / "nolabel"),
@@ -174,6 +186,10 @@ def test_bad_inputs_give_one_line_errors(data, tmp_path, capsys):
     long_rows = edited_copy(data["planted"], str(tmp_path / "long"), shorter)
     err = run_error(capsys, ["--dataset_path", long_rows] + base)
     assert "multihot_0" in err and "dimensions [2]" in err
+
+    late = long_row_in_last_train_file(data["planted"], str(tmp_path / "late"))
+    err = run_error(capsys, ["--dataset_path", late["dir"], "--num_epochs", "1"] + base)
+    assert late["file"] in err and "multihot_0" in err and f"row {late['row']}" in err
 
     err = run_error(capsys, ["--dataset_path", data["planted"], "--combiner", "max"] + base)
     assert "--combiner" in err and "'max'" in err

@@ -52,10 +52,12 @@ def main(argv=None) -> int:
         os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
     runtime.configure()
     from checkpoint import CheckpointError
+    from dataloader import reader_errors_surfaced
     from feature_spec import FeatureSpecError
     from wide_and_deep.run import Run
     try:
-        return Run(args).execute()
+        with reader_errors_surfaced():
+            return Run(args).execute()
     except (FeatureSpecError, CheckpointError, ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from dropout import bias_relu_dropout
 from embedding import table_variable
 from initializers import bias_normal, glorot_normal
 from wide_and_deep.contract import MULTIHOT_CHANNEL, ONEHOT_CHANNEL
@@ -128,16 +129,18 @@ class WideDeepModel(tf.Module):
 
     def logits(self, numerical, wide_terms, embeddings, training=False, dropout_seed=None,
                compute_dtype=tf.float32):
-        """[n] logits from the lookups; dropout (training only) is stateless, seeded by
-        `dropout_seed` (int64 [2]), so a resumed run draws the same masks."""
+        """[n] logits from the lookups; dropout (training only) is a hash of `dropout_seed`
+        (int64 [2]) and the element's position, so a resumed run draws the same masks."""
         x = tf.cast(tf.concat([numerical, *embeddings], axis=1), compute_dtype)
         for i, (k, b) in enumerate(zip(self.kernels[:-1], self.biases[:-1])):
-            x = tf.nn.relu(tf.matmul(x, tf.cast(k, compute_dtype)) + tf.cast(b, compute_dtype))
+            k, b = tf.cast(k, compute_dtype), tf.cast(b, compute_dtype)
             if training and self.config.dropout > 0:
-                x = tf.nn.experimental.stateless_dropout(
-                    x, self.config.dropout, seed=dropout_seed + tf.constant([0, i], tf.int64))
-        deep = tf.matmul(x, tf.cast(self.kernels[-1], compute_dtype)) + \
-            tf.cast(self.biases[-1], compute_dtype)
+                x = bias_relu_dropout(tf.matmul(x, k), b, self.config.dropout,
+                                      dropout_seed + tf.constant([0, i], tf.int64))
+            else:  # bias_add, not "+": oneDNN fuses MatMul + BiasAdd + Relu into one kernel
+                x = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, k), b))
+        deep = tf.nn.bias_add(tf.matmul(x, tf.cast(self.kernels[-1], compute_dtype)),
+                              tf.cast(self.biases[-1], compute_dtype))
         wide = tf.reduce_sum(wide_terms, axis=1) + self.wide_bias
         return wide + tf.cast(deep[:, 0], tf.float32)
 
