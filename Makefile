@@ -25,6 +25,8 @@ demo-wd: setup
 bench: setup
 	$(PY) bench/loader_throughput.py
 	$(PY) bench/train_throughput.py
+	$(PY) bench/wd_train_throughput.py
+	$(PY) bench/sim_train_throughput.py
 
 clean:
 	rm -rf .venv build .pytest_cache

@@ -1,4 +1,5 @@
-"""Training curves from a DLLogger log: loss per step and AUC per evaluation, as a PNG.
+"""Training curves from a DLLogger log: loss per step, AUC (and MAP@12 when logged) per
+evaluation, as a PNG.
 
   python plot_log.py dlrm_log.json --out curves.png
 """
@@ -11,34 +12,46 @@ import sys
 from dllog import read_log
 
 
+# evaluation metrics drawn when the log has them: key -> (panel title, y label)
+EVAL_PANELS = {"auc": ("evaluation AUC", "ROC AUC"),
+               "map12": ("evaluation MAP@12", "mean average precision at 12")}
+
+
 def curves(records):
-    loss, auc = [], []
+    """(training loss [(step, value)], {eval metric: [(step, value)]}) from the per-step
+    records ([epoch, step]) of a log."""
+    loss, evals = [], {key: [] for key in EVAL_PANELS}
     for r in records:
         if r["type"] != "LOG" or not isinstance(r["step"], list) or len(r["step"]) != 2:
             continue
         step, data = r["step"][1], r["data"]
         if "loss" in data:
             loss.append((step, data["loss"]))
-        if "auc" in data:
-            auc.append((step, data["auc"]))
-    return loss, auc
+        for key, points in evals.items():
+            if key in data:
+                points.append((step, data[key]))
+    return loss, {k: v for k, v in evals.items() if v}
 
 
 def plot(log_path: str, out_path: str) -> None:
+    """Training loss, then one panel per evaluation metric found (AUC always drawn)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    loss, auc = curves(read_log(log_path))
-    if not loss and not auc:
-        raise ValueError(f"{log_path}: no loss or auc records to plot")
-    fig, (ax_loss, ax_auc) = plt.subplots(1, 2, figsize=(11, 4))
+    loss, evals = curves(read_log(log_path))
+    if not loss and not evals:
+        raise ValueError(f"{log_path}: no loss, auc or map12 records to plot")
+    panels = ["auc"] + [k for k in evals if k != "auc"]
+    fig, axes = plt.subplots(1, 1 + len(panels), figsize=(5.5 * (1 + len(panels)), 4))
     if loss:
-        ax_loss.plot(*zip(*loss), color="tab:blue")
-    ax_loss.set(title="training loss", xlabel="step", ylabel="binary cross-entropy")
-    if auc:
-        ax_auc.plot(*zip(*auc), marker="o", color="tab:green")
-    ax_auc.set(title="evaluation AUC", xlabel="step", ylabel="ROC AUC")
-    for ax in (ax_loss, ax_auc):
+        axes[0].plot(*zip(*loss), color="tab:blue")
+    axes[0].set(title="training loss", xlabel="step", ylabel="binary cross-entropy")
+    for ax, key, color in zip(axes[1:], panels, ("tab:green", "tab:orange")):
+        if key in evals:
+            ax.plot(*zip(*evals[key]), marker="o", color=color)
+        title, ylabel = EVAL_PANELS[key]
+        ax.set(title=title, xlabel="step", ylabel=ylabel)
+    for ax in axes:
         ax.grid(alpha=0.3)
     fig.suptitle(os.path.basename(log_path))
     fig.tight_layout()

@@ -109,23 +109,38 @@ def expected(raw):
     return df, cards
 
 
+def prepare(raw, out, master="local[2]", partitions=2):
+    result = subprocess.run(
+        [sys.executable, "-m", "wide_and_deep.preproc.prepare_dataset", "--outbrain_path",
+         str(raw), "--output_path", str(out), "--seed", str(SEED), "--frequency_threshold",
+         str(THRESHOLD), "--ctr_min_views", str(MIN_VIEWS), "--shuffle_partitions",
+         str(partitions), "--master", master], cwd=ROOT, capture_output=True, text=True,
+        timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return str(out)
+
+
+def copy_required_tables(raw):
+    raw.mkdir()
+    for name in ("clicks_train", "events", "promoted_content"):
+        shutil.copy(os.path.join(REAL, f"{name}.csv"), raw)
+
+
 @pytest.fixture(scope="module")
 def prepared(tmp_path_factory):
     require_or_skip(shutil.which("java") is not None, "Java (for Spark) not installed")
     root = tmp_path_factory.mktemp("ob")
     raw = root / "raw"
-    raw.mkdir()
-    for name in ("clicks_train", "events", "promoted_content"):
-        shutil.copy(os.path.join(REAL, f"{name}.csv"), raw)
+    copy_required_tables(raw)
     write_metadata(str(raw), np.random.default_rng(0))
-    out = root / "out"
-    result = subprocess.run(
-        [sys.executable, "-m", "wide_and_deep.preproc.prepare_dataset", "--outbrain_path",
-         str(raw), "--output_path", str(out), "--seed", str(SEED), "--frequency_threshold",
-         str(THRESHOLD), "--ctr_min_views", str(MIN_VIEWS), "--shuffle_partitions", "2",
-         "--master", "local[2]"], cwd=ROOT, capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
-    return str(raw), str(out)
+    return str(raw), prepare(raw, root / "out")
+
+
+def read_output(out):
+    from feature_spec import FeatureSpec
+    spec = FeatureSpec.from_yaml(os.path.join(out, "feature_spec.yaml"))
+    return spec, {m: pd.read_parquet(os.path.join(out, m)).reset_index(drop=True)
+                  for m in ("train", "test")}
 
 
 def test_every_column_matches_pandas(prepared):
@@ -152,3 +167,42 @@ def test_every_column_matches_pandas(prepared):
     # the split keeps displays whole: no test display has a training row
     train_displays = set(want[want.is_train].display_id)
     assert not train_displays & set(pd.read_parquet(os.path.join(out, "test")).display_id)
+
+
+def test_output_does_not_depend_on_parallelism(prepared, tmp_path):
+    """One core and 3 shuffle partitions give the rows, values and spec of two cores and 2."""
+    raw, out = prepared
+    again = prepare(raw, tmp_path / "again", master="local[1]", partitions=3)
+    (spec_a, frames_a), (spec_b, frames_b) = read_output(out), read_output(again)
+    for mapping in frames_a:
+        pd.testing.assert_frame_equal(frames_a[mapping], frames_b[mapping])
+    assert spec_a.feature_spec == spec_b.feature_spec
+    assert spec_a.metadata == spec_b.metadata
+
+
+METADATA_FEATURES = ["source_id", "publisher_id", "source_id_promo", "publisher_id_promo"]
+
+
+def from_metadata(col):
+    base = col.removesuffix("_ctr").removesuffix("_count")
+    return col.startswith("sim_") or base in METADATA_FEATURES
+
+
+def test_missing_metadata_tables_give_the_missing_values(prepared, tmp_path):
+    """Without the four documents_* tables every feature drawn from them is 0 (ids, rates,
+    similarities) or empty (lists); every other column is the full run's."""
+    _, out = prepared
+    raw = tmp_path / "raw"
+    copy_required_tables(raw)
+    spec_bare, bare = read_output(prepare(raw, tmp_path / "bare"))
+    _, full = read_output(out)
+    for mapping, frame in bare.items():
+        assert len(frame) == len(full[mapping])
+        for col in frame.columns:
+            if col.endswith("_list"):
+                assert all(len(v) == 0 for v in frame[col]), col
+            elif from_metadata(col):
+                assert (frame[col] == 0).all(), col
+            else:
+                pd.testing.assert_series_equal(frame[col], full[mapping][col])
+    assert all(spec_bare.cardinality(f) == 2 for f in METADATA_FEATURES)

@@ -199,3 +199,38 @@ def test_bad_inputs_give_one_line_errors(data, tmp_path, capsys):
         s["metadata"]["rows"]["test"] = 0
     empty = edited_copy(data["planted"], str(tmp_path / "empty"), empty_test)
     assert "test" in run_error(capsys, ["--dataset_path", empty] + base)
+
+
+def test_xla_and_amp_train_like_float32(data, tmp_path):
+    """--xla compiles the same computation (same dropout masks): the same losses to float
+    rounding; --amp (bfloat16 MLP on CPU) follows them to bfloat16 precision and still learns."""
+    plain = step_losses(train(data["planted"], str(tmp_path / "f32"), "--num_epochs", "1"))
+    xla = step_losses(train(data["planted"], str(tmp_path / "xla"), "--num_epochs", "1",
+                            "--xla"))
+    np.testing.assert_allclose(xla, plain, rtol=1e-4)
+    amp_log = train(data["planted"], str(tmp_path / "amp"), "--num_epochs", "1", "--amp")
+    np.testing.assert_allclose(step_losses(amp_log), plain, rtol=0.05)
+    assert epoch_records(amp_log)[-1]["map12"] > random_ranking_map(data["planted"]) + 0.1
+
+
+def test_benchmark_reports_train_and_eval_throughput(data, tmp_path):
+    """3 warm-up + 20 timed steps cycle through the epochs: 12 training batches of 256 rows
+    (the last 184), 2 evaluation batches of 512 and 488 in a fixed order."""
+    out = str(tmp_path / "b")
+    train(data["planted"], out, "--num_epochs", "1")
+    samples = {}
+    for extra, key in (([], "train_throughput"),
+                       (["--evaluate", "--use_checkpoint"], "eval_throughput")):
+        log_name = f"{key}.json"
+        assert main(["--dataset_path", data["planted"], "--model_dir", out + "/model",
+                     "--results_dir", out, "--log_filename", log_name] + FAST +
+                    ["--benchmark", "--benchmark_warmup_steps", "3", "--benchmark_steps", "20",
+                     *extra]) == 0
+        log = read_log(os.path.join(out, log_name))
+        result = [r["data"] for r in log if r["type"] == "LOG" and key in r["data"]]
+        assert len(result) == 1 and result[0]["steps"] == 20
+        assert result[0][key] == pytest.approx(result[0]["samples"] / result[0]["seconds"])
+        samples[key] = result[0]["samples"]
+    assert samples["eval_throughput"] == 10 * 512 + 10 * 488
+    # the 20 timed training steps hold one or two of the short batches
+    assert samples["train_throughput"] in (19 * 256 + 184, 18 * 256 + 2 * 184)

@@ -65,9 +65,10 @@ def train(trainer, train_pipe, eval_pipe, logger, save, position: dict, epochs: 
     return metrics
 
 
-def benchmark(run_step, pipe, warmup_steps: int, steps: int, samples_per_step: int) -> dict:
+def benchmark(run_step, pipe, warmup_steps: int, steps: int) -> dict:
     """Samples/s of `run_step(batch, step)` over `steps` steps after `warmup_steps`, cycling
-    through the data's epochs."""
+    through the data's epochs; samples are the rows of the global batches (a last, partial
+    batch counts its rows)."""
     def batches():
         epoch = 0
         while True:
@@ -77,9 +78,11 @@ def benchmark(run_step, pipe, warmup_steps: int, steps: int, samples_per_step: i
     source = batches()
     for step in range(warmup_steps):
         run_step(next(source), step)
-    start = time.perf_counter()
+    samples, start = 0, time.perf_counter()
     for step in range(warmup_steps, warmup_steps + steps):
-        run_step(next(source), step)
+        batch = next(source)
+        run_step(batch, step)
+        samples += int(batch[pipe.GLOBAL_ROWS])
     elapsed = time.perf_counter() - start
-    return {"samples_per_second": steps * samples_per_step / elapsed, "steps": steps,
+    return {"samples_per_second": samples / elapsed, "samples": samples, "steps": steps,
             "seconds": elapsed}

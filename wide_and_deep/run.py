@@ -97,11 +97,11 @@ class Run:
     def _benchmark(self) -> int:
         args = self.args
         if args.evaluate:
-            run, pipe, batch = self.trainer.predict, self.eval_pipe, args.eval_batch_size
+            run, pipe = self.trainer.predict, self.eval_pipe
         else:
-            run, pipe, batch = self.trainer.train_step, self.train_pipe, args.global_batch_size
+            run, pipe = self.trainer.train_step, self.train_pipe
         result = loops.benchmark(lambda b, step: run(b) if args.evaluate else run(b, step),
-                                 pipe, args.benchmark_warmup_steps, args.benchmark_steps, batch)
+                                 pipe, args.benchmark_warmup_steps, args.benchmark_steps)
         key = "eval_throughput" if args.evaluate else "train_throughput"
         self.logger.log((), {key: result["samples_per_second"], **result})
         self.logger.print(f"{key}: {result['samples_per_second']:,.0f} samples/s "

@@ -1,0 +1,47 @@
+"""plot_log: the curves read from a DLLogger log, and one PNG panel per metric found."""
+import pytest
+
+import plot_log
+from dllog import DLLogger
+
+
+def write_log(path, with_map):
+    logger = DLLogger(str(path), stdout=False)
+    for step in (10, 20, 30):
+        logger.log((0, step), {"loss": 1.0 / step})
+    for epoch, step in ((0, 30), (1, 60)):
+        metrics = {"auc": 0.6 + epoch / 10, "eval_loss": 0.5}
+        if with_map:
+            metrics["map12"] = 0.5 + epoch / 10
+        logger.log((epoch, step), metrics)
+    logger.log((), {"auc": 0.7})  # the final record is not a point of the curves
+    logger.close()
+
+
+@pytest.mark.parametrize("with_map", [False, True])
+def test_curves_and_panels(tmp_path, with_map, monkeypatch):
+    log = tmp_path / "log.json"
+    write_log(log, with_map)
+    loss, evals = plot_log.curves(plot_log.read_log(str(log)))
+    assert loss == [(10, 0.1), (20, 0.05), (30, 1 / 30)]
+    assert evals["auc"] == [(30, 0.6), (60, 0.7)]
+    assert ("map12" in evals) == with_map
+    if with_map:
+        assert evals["map12"] == [(30, 0.5), (60, 0.6)]
+    import matplotlib.pyplot as plt
+    made = []
+    real = plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: made.append(a) or real(*a, **k))
+    png = tmp_path / "curves.png"
+    plot_log.plot(str(log), str(png))
+    assert made == [(1, 3 if with_map else 2)]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_log_without_curves_is_an_error(tmp_path):
+    log = tmp_path / "log.json"
+    logger = DLLogger(str(log), stdout=False)
+    logger.log((), {"train_throughput": 5.0})
+    logger.close()
+    with pytest.raises(ValueError, match="no loss"):
+        plot_log.plot(str(log), str(tmp_path / "x.png"))
