@@ -1,7 +1,8 @@
 """Checkpoints that do not depend on the world size.
 
 Layout of a checkpoint directory:
-  meta.json            step, data position, model shape, optimizer, world size at save time
+  meta.json            step, data position, model shape, optimizer, world size at save time,
+                       the dynamic float16 loss scale (scale, clean steps) when there is one
   dense.npz            data-parallel variables (and their optimizer slots, '<name>/m', '/v')
   table_<t>.npy        embedding table t, whole ([rows, dim]), one file per table
   table_<t>.m.npy ...  its lazy-Adam moments, when the optimizer is Adam
@@ -80,6 +81,10 @@ def save(path: str, trainer, position: dict) -> None:
                 "model": _model_shape(model), "optimizer": type(optimizer).__name__.lower(),
                 "optimizer_iterations": int(iterations.numpy()) if iterations is not None else 0,
                 "saved_world_size": comm.size}
+        scaler = getattr(trainer, "loss_scale", None)
+        if scaler is not None and scaler.dynamic:
+            meta["loss_scale"] = {"scale": float(scaler.scale.numpy()),
+                                  "clean_steps": int(scaler.clean_steps.numpy())}
         atomic_write_text(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1))
     comm.barrier()
     if comm.rank == 0:
@@ -168,7 +173,17 @@ def restore(path: str, trainer) -> dict:
     iterations = getattr(optimizer, "iterations", None)
     if iterations is not None and same_optimizer:
         iterations.assign(meta["optimizer_iterations"])
+    _restore_loss_scale(getattr(trainer, "loss_scale", None), meta)
     return meta["position"]
+
+
+def _restore_loss_scale(scaler, meta: dict) -> None:
+    """A dynamic float16 loss scale continues where it was saved; a checkpoint without one
+    (saved by a float32 / bfloat16 run) leaves the initial scale."""
+    if scaler is None or not scaler.dynamic or "loss_scale" not in meta:
+        return
+    scaler.scale.assign(meta["loss_scale"]["scale"])
+    scaler.clean_steps.assign(meta["loss_scale"]["clean_steps"])
 
 
 def _read_columns(file: str, c0: int, c1: int) -> np.ndarray:

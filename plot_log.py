@@ -9,6 +9,7 @@ import argparse
 import os
 import sys
 
+from cli import run_cli
 from dllog import read_log
 
 
@@ -66,13 +67,11 @@ def main(argv=None):
     parser.add_argument("log", help="DLLogger JSON-lines log written by main.py --log_path")
     parser.add_argument("--out", default="curves.png", help="PNG to write")
     args = parser.parse_args(argv)
-    try:
+
+    def work():
         plot(args.log, args.out)
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.out}")
-    return 0
+        return f"wrote {args.out}"
+    return run_cli(work)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@
 
 1. Days from the real sample rows (shared/data/criteo): day_0 = kaggle_train_scattered.txt
    (4,949 rows), day_1 = head10k lines 1-6000, day_2 = head10k lines 6001-10000. Days 0-1 are
-   the training set; day_2's first half is the test set, its second half validation.
+   the training set; day_2's first half is the validation set, its second half the test set.
 2. preproc/prepare_dataset.sh CPU <T> with Spark local[1] and local[2]; prints rows/s of
    each (whole run including the Spark start, and the pipeline stages alone) and checks that
    both give byte-identical datasets.
@@ -196,7 +196,7 @@ def main():
     try:
         lines = make_days(args.data_dir, os.path.join(work, "raw"))
         print(f"[bench] {lines} real lines -> day_0 (scattered 4949), day_1 (head 1-6000), "
-              f"day_2 (head 6001-10000; test | validation)", flush=True)
+              f"day_2 (head 6001-10000; validation | test)", flush=True)
         runs = []
         for cores in [int(c) for c in args.cores.split(",")]:
             r = preprocess(work, cores, args.frequency_threshold, args.memory)

@@ -25,6 +25,7 @@ import sys
 import numpy as np
 
 import runtime
+from cli import run_cli
 from sim import schema
 
 SIGNALS = ("long", "short", "none")
@@ -102,14 +103,12 @@ def main(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --dst")
     a = p.parse_args(argv)
-    try:
+
+    def work():
         spec = write(a.dst, a.users, a.items, a.categories, a.history_length, a.signal, a.seed,
                      a.overwrite)
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {a.dst}: {spec.metadata.get('rows')} rows, signal {a.signal}")
-    return 0
+        return f"wrote {a.dst}: {spec.metadata.get('rows')} rows, signal {a.signal}"
+    return run_cli(work)
 
 
 if __name__ == "__main__":

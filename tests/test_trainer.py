@@ -81,3 +81,22 @@ def test_given_loss_scale_stays_static():
     assert np.isfinite(float(trainer.train_step(batch(0), 0)))
     assert not np.array_equal(before[0], weights(trainer)[0])
     assert tiny_trainer(0.1, amp=True, compute_dtype=tf.bfloat16).loss_scale.scale == 1.0
+
+
+def test_dynamic_loss_scale_is_checkpointed_and_resumed(tmp_path):
+    import checkpoint
+    trainer = tiny_trainer(0.1, amp=True, compute_dtype=tf.float16)
+    trainer.loss_scale.scale.assign(512.0)
+    trainer.loss_scale.clean_steps.assign(7)
+    checkpoint.save(str(tmp_path / "f16"), trainer, {"step": 3, "epoch": 0, "batch_in_epoch": 3})
+    resumed = tiny_trainer(0.1, amp=True, compute_dtype=tf.float16)
+    assert float(resumed.loss_scale.scale.numpy()) == 2.0 ** 15
+    checkpoint.restore(str(tmp_path / "f16"), resumed)
+    assert float(resumed.loss_scale.scale.numpy()) == 512.0
+    assert int(resumed.loss_scale.clean_steps.numpy()) == 7
+    # a float32 checkpoint carries no scale: a float16 run restored from it starts at 2^15
+    checkpoint.save(str(tmp_path / "f32"), tiny_trainer(0.1), {"step": 0, "epoch": 0,
+                                                                "batch_in_epoch": 0})
+    fresh = tiny_trainer(0.1, amp=True, compute_dtype=tf.float16)
+    checkpoint.restore(str(tmp_path / "f32"), fresh)
+    assert float(fresh.loss_scale.scale.numpy()) == 2.0 ** 15

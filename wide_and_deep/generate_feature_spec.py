@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cli import run_cli
 from feature_spec import FeatureSpecError
 from wide_and_deep.spec import build_spec, reference_spec
 
@@ -26,6 +27,21 @@ def parse_shapes(text: str, flag: str, prefix: str) -> list:
     return out
 
 
+def write_spec(args) -> str:
+    if args.scale <= 0:
+        raise FeatureSpecError(f"--scale must be positive, found {args.scale}")
+    if args.onehot is None:
+        spec = reference_spec(args.scale)
+    else:
+        multihot = parse_shapes(args.multihot, "--multihot", "multihot")
+        spec = build_spec(parse_shapes(args.onehot, "--onehot", "onehot"), multihot,
+                          [f"num_{i}" for i in range(args.num_numerical)],
+                          request_features=[n for n, _, _ in multihot],
+                          hotness=args.hotness)
+    spec.to_yaml(args.dst)
+    return f"wrote {args.dst}"
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--dst", required=True, help="feature_spec.yaml to write")
@@ -36,23 +52,7 @@ def main(argv=None) -> int:
     p.add_argument("--hotness", type=int, default=3, help="custom shape: multi-hot length")
     p.add_argument("--num_numerical", type=int, default=0, help="custom shape")
     args = p.parse_args(argv)
-    try:
-        if args.scale <= 0:
-            raise FeatureSpecError(f"--scale must be positive, found {args.scale}")
-        if args.onehot is None:
-            spec = reference_spec(args.scale)
-        else:
-            multihot = parse_shapes(args.multihot, "--multihot", "multihot")
-            spec = build_spec(parse_shapes(args.onehot, "--onehot", "onehot"), multihot,
-                              [f"num_{i}" for i in range(args.num_numerical)],
-                              request_features=[n for n, _, _ in multihot],
-                              hotness=args.hotness)
-        spec.to_yaml(args.dst)
-    except (FeatureSpecError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.dst}")
-    return 0
+    return run_cli(lambda: write_spec(args))
 
 
 if __name__ == "__main__":

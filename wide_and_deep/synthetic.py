@@ -21,8 +21,9 @@ import sys
 
 import numpy as np
 
+from cli import run_cli
 from datasets import write_columns
-from feature_spec import FeatureSpec, FeatureSpecError
+from feature_spec import FeatureSpec
 from wide_and_deep.contract import (MAP_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL,
                                     WIDE_DEEP_CONTRACT)
 from wide_and_deep.spec import DISPLAY_ID, REQUEST_FEATURES_KEY
@@ -129,15 +130,13 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
     args = p.parse_args(argv)
-    try:
+
+    def work():
         spec = write_dataset(FeatureSpec.from_yaml(args.feature_spec), args.dst,
                              args.train_rows, args.test_rows, args.signal_strength, args.seed,
                              args.overwrite)
-    except (FeatureSpecError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.dst}: {spec.metadata.get('rows')}")
-    return 0
+        return f"wrote {args.dst}: {spec.metadata.get('rows')}"
+    return run_cli(work)
 
 
 if __name__ == "__main__":

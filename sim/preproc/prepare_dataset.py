@@ -21,6 +21,7 @@ import sys
 import numpy as np
 
 import runtime
+from cli import run_cli
 from sim import schema
 
 UNKNOWN_CATEGORY = 0
@@ -181,14 +182,11 @@ def run(args, spark=None):
 
 def main(argv=None):
     runtime.configure()  # quiet TensorFlow, which the TFRecord writer imports
-    try:
-        args = parse_args(argv)
-        spec = run(args)
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"wrote {args.output_path}: rows {spec.metadata.get('rows')}")
-    return 0
+    args = parse_args(argv)
+
+    def work():
+        return f"wrote {args.output_path}: rows {run(args).metadata.get('rows')}"
+    return run_cli(work)
 
 
 if __name__ == "__main__":
