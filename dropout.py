@@ -8,8 +8,9 @@ TensorFlow's stateless dropout draws Philox uniforms: on the 2-core CPU machines
 
 (fmix: murmur3's 32-bit finalizer, a bijection with full avalanche; k0, k1 hashed from the
 int64 [2] seed). Fused with the bias add and ReLU it costs one pass over the activation
-(~20 ms for the same activation), and so does its gradient, bias gradient included. Like the stateless ops, the
-mask depends only on (seed, row, column): runs repeat and resume exactly.
+(~10 ms for the same activation), and so does its gradient (plus TensorFlow's column sum
+for the bias gradient). Like the stateless ops, the mask depends only on (seed, row,
+column): runs repeat and resume exactly.
 """
 from __future__ import annotations
 
@@ -54,15 +55,20 @@ def _forward(product, bias, seed, threshold, scale):
 @tf.function(jit_compile=True)
 def _backward(y, dy, scale):
     # y > 0 exactly where z > 0 and the element was kept: no mask to store or recompute
-    dz = tf.where(y > 0, dy * scale, tf.zeros_like(dy))
-    return dz, tf.reduce_sum(dz, axis=0)
+    return tf.where(y > 0, dy * scale, tf.zeros_like(dy))
+
+
+def _gradients(y, dy, scale):
+    dz = _backward(y, dy, scale)
+    # TensorFlow's BiasAddGrad sums the columns ~5x faster than XLA's CPU reduction here
+    return dz, tf.raw_ops.BiasAddGrad(out_backprop=dz)
 
 
 def bias_relu_dropout(product, bias, rate: float, seed):
     """dropout(relu(product + bias)) for product [n, d], bias [d]: each element is zeroed
     with probability `rate` (to 2^-32), the rest scaled by 1 / (1 - rate); `seed` int64 [2]
-    as for tf.random.stateless_*. One fused pass forward and one backward (which also gives
-    the bias gradient): the cost of the bias add and ReLU alone."""
+    as for tf.random.stateless_*. One fused pass forward and one backward: the cost of the
+    bias add and ReLU alone."""
     if not 0 <= rate < 1:
         raise ValueError(f"dropout rate must be in [0, 1), found {rate}")
     threshold = tf.constant(min(round(rate * 2**32), 2**32 - 1), tf.uint32)
@@ -71,5 +77,5 @@ def bias_relu_dropout(product, bias, rate: float, seed):
     @tf.custom_gradient
     def forward(product, bias):
         y = _forward(product, bias, seed, threshold, scale)
-        return y, lambda dy: _backward(y, dy, scale)
+        return y, lambda dy: _gradients(y, dy, scale)
     return forward(product, bias)
