@@ -59,17 +59,49 @@ def test_forward_matches_numpy(combiner):
                                rtol=1e-5, atol=1e-5)
 
 
-def test_padding_gets_no_gradient_and_bad_combiner_is_refused():
-    model = WideDeepModel(WideDeepConfig(TABLES, ("x0", "x1"), hidden_units=(4,)), seed=0)
+@pytest.mark.parametrize("project_max_rows", [0, 100])
+def test_padding_gets_no_gradient_and_bad_combiner_is_refused(project_max_rows):
+    model = WideDeepModel(WideDeepConfig(TABLES, ("x0", "x1"), hidden_units=(4,),
+                                         project_max_rows=project_max_rows), seed=0)
     batch = make_batch(np.random.default_rng(1))
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_sum(model(batch))
-    grad = tape.gradient(loss, model.deep_tables["m"])
     m, length = batch["m"].numpy(), batch["m__length"].numpy()
-    valid = [m[r, j] for r in range(len(length)) for j in range(length[r])]
-    assert sorted(grad.indices.numpy().tolist()) == sorted(valid)
+    padding = np.arange(3)[None, :] >= length[:, None]
+    other_padding = dict(batch, m=tf.constant(np.where(padding, (m + 1) % 6, m)))
+
+    def table_gradient(b):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(b))
+        grad = tape.gradient(loss, model.deep_tables["m"])
+        return grad, tf.convert_to_tensor(grad).numpy()
+    grad, dense = table_gradient(batch)
+    assert set(grad.indices.numpy().tolist()) == set(m[~padding].tolist())
+    np.testing.assert_array_equal(table_gradient(other_padding)[1], dense)
     with pytest.raises(ValueError, match="--combiner must be one of .*found 'max'"):
         WideDeepConfig(TABLES, (), combiner="max")
+
+
+@pytest.mark.parametrize("combiner,numerical", [("sum", ("x0", "x1")), ("mean", ("x0", "x1")),
+                                                ("sum", ())])
+def test_projected_tables_give_the_concatenated_layer_and_gradients(combiner, numerical):
+    """Tables entering the first layer projected (unique rows x kernel slice, summed per
+    row) give the logits and every gradient of the plain concatenation."""
+    rng = np.random.default_rng(5)
+    batch = make_batch(rng)
+    results = []
+    for project_max_rows in (0, 100):
+        config = WideDeepConfig(TABLES, numerical, hidden_units=(8, 4), combiner=combiner,
+                                project_max_rows=project_max_rows)
+        model = WideDeepModel(config, seed=3)
+        variables = model.table_variables() + model.dense_variables()
+        with tf.GradientTape() as tape:
+            logits = model(batch)
+            loss = tf.reduce_sum(logits * tf.range(9, dtype=tf.float32))
+        grads = [tf.convert_to_tensor(g).numpy() for g in tape.gradient(loss, variables)]
+        results.append((logits.numpy(), grads))
+    (plain_logits, plain_grads), (projected_logits, projected_grads) = results
+    np.testing.assert_allclose(projected_logits, plain_logits, rtol=1e-5, atol=1e-6)
+    for a, b in zip(projected_grads, plain_grads):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
 
 def numpy_ftrl(w, acc, lin, g, lr, l1=0.0, l2=0.0):

@@ -14,7 +14,8 @@ from lr_scheduler import LearningRateSchedule
 from wide_and_deep import loops
 from wide_and_deep.contract import (MAP_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL,
                                     WIDE_DEEP_CONTRACT)
-from wide_and_deep.model import WideDeepConfig, WideDeepModel, parameter_count
+from wide_and_deep.model import (PROJECT_MAX_ROWS, WideDeepConfig, WideDeepModel,
+                                 parameter_count)
 from wide_and_deep.spec import embedding_dims
 from wide_and_deep.state import restore_state, state_arrays
 from wide_and_deep.trainer import WideDeepTrainer
@@ -37,7 +38,9 @@ class Run:
         self.config = WideDeepConfig.from_spec(
             self.spec, embedding_dims(self.spec, args.embedding_sizes_file),
             hidden_units=tuple(args.deep_hidden_units), dropout=args.deep_dropout,
-            combiner=args.combiner)
+            combiner=args.combiner,
+            # XLA compiles one program per input shape; projected tables vary it every step
+            project_max_rows=0 if args.xla else PROJECT_MAX_ROWS)
         self.model = WideDeepModel(self.config, seed=args.seed)
         warmup = int(args.deep_warmup_epochs * len(self.train_pipe))
         schedule = LearningRateSchedule(args.deep_learning_rate, warmup_steps=warmup,

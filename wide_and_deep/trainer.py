@@ -36,6 +36,9 @@ class WideDeepTrainer:
         self.compute_dtype = (tf.float16 if on_gpu else tf.bfloat16) if amp else tf.float32
         # float16 gradients of a mean loss underflow; bfloat16 has float32's range.
         self.loss_scale = 1024.0 if self.compute_dtype == tf.float16 else 1.0
+        if xla and any(map(model.config.projected, model.config.tables)):
+            raise ValueError("--xla needs the same shapes every step: build the model with "
+                             "project_max_rows=0 (no projected tables)")
         dense_fn = self._dense_forward_backward
         self._dense_fn = tf.function(dense_fn, jit_compile=True) if xla else dense_fn
         self._step_fn = tf.function(self._train_step)
@@ -44,13 +47,13 @@ class WideDeepTrainer:
     def optimizers(self) -> dict:
         return {"wide": self.wide_optimizer, "deep": self.deep_optimizer}
 
-    def _dense_forward_backward(self, numerical, wide_terms, embeddings, label, global_rows,
-                                dropout_seed):
+    def _dense_forward_backward(self, numerical, wide_terms, embeddings, layout, label,
+                                global_rows, dropout_seed):
         dense = self.model.dense_variables()
         with tf.GradientTape() as tape:
             tape.watch([wide_terms, embeddings])
-            logits = self.model.logits(numerical, wide_terms, embeddings, True, dropout_seed,
-                                       self.compute_dtype)
+            logits = self.model.logits(numerical, wide_terms, embeddings, layout, True,
+                                       dropout_seed, self.compute_dtype)
             losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits)
             # this rank's rows / global rows: summed over ranks, the global mean
             loss = tf.reduce_sum(losses) / tf.cast(global_rows, tf.float32)
@@ -62,15 +65,15 @@ class WideDeepTrainer:
     def _train_step(self, batch, deep_lr, step):
         tables = self.model.table_variables()
         with tf.GradientTape() as tape:
-            wide_terms, embeddings = self.model.lookup(batch)
+            wide_terms, embeddings, layout = self.model.lookup(batch)
         dropout_seed = tf.stack([tf.constant(self.seed * 1000 + self.comm.rank, tf.int64),
                                  tf.cast(step, tf.int64) * 64])
         label = tf.cast(batch[self.label], tf.float32)
         loss, dense_grads, wide_grad, emb_grads = self._dense_fn(
-            self.model.numerical(batch), wide_terms, embeddings, label,
+            self.model.numerical(batch), wide_terms, embeddings, layout, label,
             batch["__global_rows"], dropout_seed)
-        table_grads = tape.gradient([wide_terms, embeddings], tables,
-                                    output_gradients=[wide_grad, emb_grads])
+        table_grads = tape.gradient([wide_terms] + tf.nest.flatten(embeddings), tables,
+                                    output_gradients=[wide_grad] + tf.nest.flatten(emb_grads))
         grads = sum_gradients(self.comm, list(dense_grads) + list(table_grads))
         linear_lr = tf.constant(self.linear_learning_rate, tf.float32)
         n_dense = len(dense_grads)
