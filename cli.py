@@ -5,13 +5,14 @@ import sys
 
 
 def run_cli(work, errors=(OSError, ValueError)) -> int:
-    """Exit status of a tool whose `work()` returns the line to print when it succeeds: an
-    expected error (bad input: spec, data, flag, file) prints `error: <message>` on stderr
-    and gives 2, without a traceback."""
+    """Exit status of a tool whose `work()` returns the line to print when it succeeds (or
+    None): an expected error (bad input: spec, data, flag, file) prints `error: <message>`
+    on stderr and gives 2, without a traceback."""
     try:
         done = work()
     except errors as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(done)
+    if done is not None:
+        print(done)
     return 0

@@ -331,7 +331,11 @@ class StagedDirectory:
 class _StagedWriter:
     """A writer staging into self._output: close() finishes the files, writes the spec and
     publishes the directory; any failure on the way (or a raising with-block) aborts and
-    leaves nothing behind. Subclasses provide _finish_files() and abort()."""
+    leaves nothing behind. Subclasses provide _finish_files() and may close their own open
+    files in _close_files()."""
+
+    def _close_files(self) -> None:
+        pass
 
     def close(self) -> FeatureSpec:
         if self._done:
@@ -347,6 +351,11 @@ class _StagedWriter:
         self.spec.base_directory = self._output.output_dir
         return self.spec
 
+    def abort(self) -> None:
+        self._close_files()
+        self._done = True
+        self._output.discard()
+
     def __enter__(self):
         return self
 
@@ -356,6 +365,13 @@ class _StagedWriter:
         else:
             self.abort()
         return False
+
+    def __del__(self):  # dropped without close(): never leave the temp dir behind
+        try:
+            if not self._done:
+                self.abort()
+        except Exception:
+            pass
 
 
 class SplitBinaryWriter(_StagedWriter):
@@ -445,9 +461,7 @@ class SplitBinaryWriter(_StagedWriter):
         self.rows[mapping] = self.rows.get(mapping, 0) + n
 
     def _finish_files(self) -> None:
-        for f in self._files.values():
-            f.close()
-        self._files = {}
+        self._close_files()
         self.spec.metadata = dict(self.spec.metadata,
                                   rows={m: self.rows.get(m, 0) for m in self.spec.mappings})
         for mapping in self.spec.mappings:  # an empty mapping still gets its (empty) files
@@ -458,20 +472,10 @@ class SplitBinaryWriter(_StagedWriter):
             self._files = {}
             check_mapping_files(self.spec, mapping)
 
-    def abort(self) -> None:
+    def _close_files(self) -> None:
         for f in self._files.values():
             f.close()
         self._files = {}
-        self._done = True
-        self._output.discard()
-
-
-    def __del__(self):  # dropped without close(): never leave the temp dir behind
-        try:
-            if not self._done:
-                self.abort()
-        except Exception:
-            pass
 
 
 def open_dataset(dataset_path: str, feature_spec: str = "feature_spec.yaml") -> FeatureSpec:
@@ -847,10 +851,6 @@ class ColumnarWriter(_StagedWriter):
                                       "files": list(files)}]
                                  for m, files in self.files.items()}
         self.spec.metadata = dict(self.spec.metadata, rows=dict(self.rows))
-
-    def abort(self) -> None:
-        self._done = True
-        self._output.discard()
 
 
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from datasets import local_row_bounds
 from initializers import embedding_uniform_chunks
 
 BYTES_PER_ELEMENT = 4  # tables are stored in float32, also under mixed precision
@@ -195,8 +196,7 @@ class EmbeddingLayer(tf.Module):
 
     def local_rows(self, global_rows):
         """(start, stop) of this rank's rows within a global batch of `global_rows`."""
-        rank, size = self.comm.rank, self.comm.size
-        return global_rows * rank // size, global_rows * (rank + 1) // size
+        return local_row_bounds(global_rows, self.comm.rank, self.comm.size)
 
     def __call__(self, categorical, global_rows):
         """categorical: id tensors [B_global] for self.read_tables, in that order;

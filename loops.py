@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 
+from data_parallel import gather_to_root
 from metrics import log_loss, roc_auc
 from progress import Progress
 
@@ -20,7 +21,7 @@ def evaluate(trainer, pipe) -> dict:
         labels.append(batch[2].numpy())
     predictions = np.concatenate(predictions) if predictions else np.zeros(0, np.float32)
     labels = np.concatenate(labels) if labels else np.zeros(0, np.float32)
-    predictions, labels = comm.gather_to_root(predictions), comm.gather_to_root(labels)
+    predictions, labels = gather_to_root(comm, predictions), gather_to_root(comm, labels)
     figures = np.zeros(3)
     if comm.rank == 0:
         figures = np.array([roc_auc(labels, predictions), log_loss(labels, predictions),

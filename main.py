@@ -230,9 +230,12 @@ def run():
     from feature_spec import FeatureSpecError
     from trainer import TrainingDivergedError
 
+    from dataloader import reader_errors_surfaced
+
     def guarded(argv):
         try:
-            return main(argv)
+            with reader_errors_surfaced():
+                return main(argv)
         except (UsageError, FeatureSpecError, DatasetError, CheckpointError,
                 TrainingDivergedError, ValueError) as e:
             print(f"error: {e}", file=sys.stderr, flush=True)

@@ -67,8 +67,6 @@ flags.mark_flag_as_required("dataset_dir")
 
 def configure_tensorflow():
     import tensorflow as tf
-    if F.cpu and tf.config.list_physical_devices("GPU"):
-        tf.config.set_visible_devices([], "GPU")
     if F.inter_op_parallelism:
         tf.config.threading.set_inter_op_parallelism_threads(F.inter_op_parallelism)
     if F.intra_op_parallelism:
@@ -136,12 +134,13 @@ def run(spec, comm, logger):
 
 def main(argv):
     """Errors of the inputs (spec, data, flags, checkpoint) end the run with one line."""
+    from cli import run_cli
     from dataloader import reader_errors_surfaced
-    try:
+
+    def work():  # FeatureSpecError, DatasetError, SimDataError, CheckpointError...
         with reader_errors_surfaced():
             train_or_infer()
-    except ValueError as e:  # FeatureSpecError, DatasetError, SimDataError, CheckpointError...
-        print(f"error: {e}", file=sys.stderr)
+    if run_cli(work, errors=(ValueError,)):
         sys.exit(2)
 
 
@@ -150,7 +149,7 @@ def train_or_infer():
     from distributed import make_communicator
     from dllog import DLLogger
     from sim.data import load_spec
-    comm = make_communicator()
+    comm = make_communicator(F.cpu)  # --cpu: hides the GPUs before TensorFlow starts
     log_path = os.path.join(F.results_dir, F.log_filename)
     logger = DLLogger(log_path, enabled=comm.rank == 0)
     logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})

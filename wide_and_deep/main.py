@@ -12,6 +12,7 @@ import os
 import sys
 
 import runtime
+from cli import run_cli
 
 
 def parse_args(argv=None):
@@ -51,16 +52,13 @@ def main(argv=None) -> int:
     if args.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
     runtime.configure()
-    from checkpoint import CheckpointError
     from dataloader import reader_errors_surfaced
-    from feature_spec import FeatureSpecError
     from wide_and_deep.run import Run
-    try:
+
+    def work():  # FeatureSpecError, DatasetError, CheckpointError are ValueErrors
         with reader_errors_surfaced():
-            return Run(args).execute()
-    except (FeatureSpecError, CheckpointError, ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+            Run(args).execute()
+    return run_cli(work)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,7 @@ class Run:
         self.logger.print(f"restored {self.checkpoint_path} (epoch {meta['epoch']})")
         return meta
 
-    def execute(self) -> int:
+    def execute(self) -> None:
         args = self.args
         self.logger.parameters(dict(vars(args), world_size=self.comm.size,
                                     parameters=parameter_count(self.config)))
@@ -85,7 +85,8 @@ class Run:
                                     os.path.exists(self.checkpoint_path)):
             position = self._restore()
         if args.benchmark:
-            return self._benchmark()
+            self._benchmark()
+            return
         if args.evaluate:
             final = self._evaluate()
         else:
@@ -95,9 +96,8 @@ class Run:
             self._export()
         self.logger.log((), final)
         self.logger.print(f"final: {loops.metrics_text(final)}")
-        return 0
 
-    def _benchmark(self) -> int:
+    def _benchmark(self) -> None:
         args = self.args
         if args.evaluate:
             run, pipe = self.trainer.predict, self.eval_pipe
@@ -109,7 +109,6 @@ class Run:
         self.logger.log((), {key: result["samples_per_second"], **result})
         self.logger.print(f"{key}: {result['samples_per_second']:,.0f} samples/s "
                           f"({result['steps']} steps after {args.benchmark_warmup_steps} warm-up)")
-        return 0
 
     def _export(self) -> None:
         if self.comm.rank != 0:
