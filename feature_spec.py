@@ -118,7 +118,7 @@ def _is_positive_int(value) -> bool:
         and value >= 1
 
 
-def _dtype_name(value):
+def dtype_name(value):
     """Canonical numpy name of a dtype given in a spec, or None if it is not a dtype."""
     if value is None or isinstance(value, bool):
         return None
@@ -296,7 +296,7 @@ class FeatureSpec:
                                        f"found {name!r}")
             if not isinstance(props, dict) or "dtype" not in props:
                 raise FeatureSpecError(f"feature_spec: feature '{name}' needs a dtype")
-            if _dtype_name(props["dtype"]) is None:
+            if dtype_name(props["dtype"]) is None:
                 raise FeatureSpecError(f"feature_spec: feature '{name}' has unknown dtype "
                                        f"{props['dtype']!r}")
             feature_hotness(name, props)
@@ -518,10 +518,10 @@ class ChannelContract:
                                    f"{rule.count_text()}, found {len(names)}: {names}")
         for name in names:
             _check_feature(spec, name, channel, rule, self.model)
-        dtypes = {_dtype_name(spec.feature_spec[n]["dtype"]) for n in names}
+        dtypes = {dtype_name(spec.feature_spec[n]["dtype"]) for n in names}
         if rule.same_dtype and len(dtypes) > 1:
-            first = _dtype_name(spec.feature_spec[names[0]]["dtype"])
-            odd = [n for n in names if _dtype_name(spec.feature_spec[n]["dtype"]) != first]
+            first = dtype_name(spec.feature_spec[names[0]]["dtype"])
+            odd = [n for n in names if dtype_name(spec.feature_spec[n]["dtype"]) != first]
             raise FeatureSpecError(f"{channel} features must share one dtype, found "
                                    f"{sorted(dtypes)}: '{names[0]}' is {first} but {odd} are "
                                    f"not")
@@ -539,7 +539,7 @@ def with_dtypes(spec: "FeatureSpec", contract: ChannelContract, found: dict) -> 
                 continue  # validation names the culprit
             props = dict(out.feature_spec[name] or {})
             if "dtype" not in props:
-                own = _dtype_name(found.get(name))
+                own = dtype_name(found.get(name))
                 props["dtype"] = own if own in rule.allowed_dtypes() else \
                     DEFAULT_DTYPES[rule.kind]
             out.feature_spec[name] = props
@@ -549,7 +549,7 @@ def with_dtypes(spec: "FeatureSpec", contract: ChannelContract, found: dict) -> 
 def _check_feature(spec: "FeatureSpec", name: str, channel: str, rule: ChannelRule,
                    model: str) -> None:
     props = spec.feature_spec[name]
-    dtype = _dtype_name(props["dtype"])
+    dtype = dtype_name(props["dtype"])
     allowed = rule.allowed_dtypes()
     if dtype not in allowed:
         raise FeatureSpecError(f"feature '{name}': {rule.kind} dtype must be one of "
