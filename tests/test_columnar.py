@@ -277,6 +277,19 @@ def test_transcode_split_binary_refuses_what_it_cannot_hold(multihot_csv, tmp_pa
     assert "feature 'topics' of channel 'categorical'" in err and "dimensions [3]" in err
 
 
+def test_transcode_needs_a_format_for_channels_of_no_family(multihot_csv, tmp_path, capsys):
+    mixed = dict(CSV_SPEC, channel_spec={"categorical": ["ad", "display"], "numerical": ["views"],
+                                         "multihot_categorical": ["topics"],
+                                         "label": ["clicked"]})
+    (multihot_csv / "feature_spec.yaml").write_text(yaml.safe_dump(mixed))
+    assert transcode.main(["--input", str(multihot_csv), "--output", str(tmp_path / "o"),
+                           "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "no model family" in err and "--output_format" in err
+    assert transcode.main(["--input", str(multihot_csv), "--output", str(tmp_path / "o"),
+                           "--output_format", "parquet", "--quiet"]) == 0
+
+
 def test_transcode_refuses_to_narrow_float64(multihot_csv, tmp_path, capsys):
     spec = yaml.safe_load((multihot_csv / "feature_spec.yaml").read_text())
     spec["feature_spec"]["views"]["dtype"] = "float64"
@@ -302,9 +315,11 @@ def test_gen_csv_writes_sequences_for_transcode(tmp_path):
                         keep_default_na=False)
     lengths = frame[3].map(lambda s: len(s.split("|")) if s else 0)
     assert lengths.max() <= 6 and lengths.min() >= 0 and lengths.nunique() > 1
+    # no --output_format: SIM's channels give TFRecord
     assert transcode.main(["--input", str(tmp_path / "csv"), "--output", str(tmp_path / "tf"),
-                           "--output_format", "tfrecord", "--quiet"]) == 0
+                           "--quiet"]) == 0
     out = FeatureSpec.from_yaml(str(tmp_path / "tf" / "feature_spec.yaml")).validate(SIM_CONTRACT)
+    assert {c["type"] for c in out.source_spec["train"]} == {"tfrecord"}
     batch = open_reader(out, "train", 40).get(0)
     np.testing.assert_array_equal(batch["pos_item__length"], lengths.to_numpy())
     first = [int(v) for v in frame[3][0].split("|")] if frame[3][0] else []
