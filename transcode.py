@@ -507,7 +507,7 @@ def parse_args(argv=None):
     p.add_argument("--input", required=True,
                    help="directory holding the CSV files and the feature spec describing them")
     p.add_argument("--output", required=True,
-                   help="output directory for the split-binary dataset (missing or empty "
+                   help="output directory for the dataset (missing or empty "
                         "unless --overwrite)")
     p.add_argument("--output_format", choices=OUTPUT_FORMATS,
                    help="split_binary (DLRM), parquet (Wide & Deep) or tfrecord (SIM); "

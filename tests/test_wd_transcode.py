@@ -3,7 +3,6 @@ all five channels, empty `map`), CSVs as its gen_csv.py writes them (multi-hot a
 list "[3, 1, 4]"), transcode.py without --output_format, gen_embedding_sizes.py; the parquet
 and spec we write pass the rules of its FeatureSpec check, and hold the CSV's values."""
 import json
-import os
 
 import numpy as np
 import pandas as pd
