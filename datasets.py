@@ -512,6 +512,47 @@ def pad_ragged(flat: np.ndarray, lengths: np.ndarray, width: int, feature: str,
     return out
 
 
+def _as_dtype(values: np.ndarray, dtype: np.dtype, name: str, where: str) -> np.ndarray:
+    """values as the spec's dtype; ids stored as floats (NVIDIA's Wide & Deep writes multi-hot
+    ids as list<double>) must be whole numbers, never silently truncated."""
+    if values.dtype.kind == "f" and dtype.kind in "iu" and values.size and \
+            not np.array_equal(values, np.floor(values)):
+        bad = values[np.flatnonzero(values != np.floor(values))[0]]
+        raise DatasetError(f"{where}: feature '{name}' holds ids, found the value {bad:g}")
+    return values.astype(dtype, copy=False)
+
+
+def parquet_dtypes(spec: FeatureSpec) -> dict:
+    """{feature: numpy dtype name} from the schema of the first file of each parquet chunk
+    (list columns: their values' type), for the features whose spec gives no dtype."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    found = {}
+    for chunks in spec.source_spec.values():
+        for chunk in chunks if isinstance(chunks, list) else []:
+            wanted = [f for f in chunk.get("features") or []
+                      if f not in found and "dtype" not in (spec.feature_spec.get(f) or {})]
+            if chunk.get("type") != "parquet" or not wanted or not chunk.get("files"):
+                continue
+            path = os.path.join(spec.base_directory, chunk["files"][0])
+            if not os.path.isfile(path):
+                continue  # the reader names it
+            try:
+                schema = pq.read_schema(path)
+            except Exception as e:  # pyarrow raises several types for a damaged file
+                raise DatasetError(f"{path}: not a readable parquet file ({e})") from None
+            for name in wanted:
+                if name in schema.names:
+                    arrow = schema.field(name).type
+                    if pa.types.is_list(arrow) or pa.types.is_large_list(arrow):
+                        arrow = arrow.value_type
+                    try:
+                        found[name] = str(np.dtype(arrow.to_pandas_dtype()))
+                    except (NotImplementedError, TypeError):
+                        pass  # not a numeric column: the reader names it
+    return found
+
+
 class _ChunkFiles:
     """One chunk of a mapping: its features' rows continue from one file to the next."""
 
@@ -546,10 +587,10 @@ class _ChunkFiles:
         width = self.spec.dimension(name)
         dtype = self.spec.dtype(name)
         if width is None:
-            return {name: np.asarray(values).astype(dtype, copy=False)}
+            return {name: _as_dtype(np.asarray(values), dtype, name, where)}
         flat, lengths = values
-        padded = pad_ragged(np.asarray(flat).astype(dtype, copy=False), lengths, width, name,
-                            where, first_row)
+        padded = pad_ragged(_as_dtype(np.asarray(flat), dtype, name, where), lengths, width,
+                            name, where, first_row)
         return {name: padded, length_key(name): np.asarray(lengths, dtype=np.int32)}
 
 

@@ -1,7 +1,9 @@
 """FeatureSpec: what a dataset is (features, files, channels), loaded from yaml and validated.
 
 The yaml has four sections:
-  feature_spec:  name -> {dtype, cardinality (categorical only)}
+  feature_spec:  name -> {dtype, cardinality (categorical only), dimensions: [d] or
+                 max_hotness: d (values per row of a multi-hot or sequence feature; NVIDIA's
+                 Wide & Deep spells it max_hotness, both are read and the tools write both)}
   source_spec:   mapping ('train', 'test', optionally 'validation') -> list of chunks
                  {type: split_binary, features: [...], files: [...]}
   channel_spec:  channel ('categorical', 'numerical', 'label') -> list of feature names
@@ -38,11 +40,17 @@ AUTO_CARDINALITY = "auto"
 CATEGORICAL_DTYPES = ("int8", "int16", "int32", "int64")
 # float16 is the format's type; float32 is accepted for tools that want exact values.
 NUMERICAL_DTYPES = ("float16", "float32")
+# Columnar files keep numerical values as written (NVIDIA's Wide & Deep writes float64).
+COLUMNAR_NUMERICAL_DTYPES = NUMERICAL_DTYPES + ("float64",)
+MAX_HOTNESS = "max_hotness"  # NVIDIA's Wide & Deep name of dimensions[0]
 LABEL_DTYPES = ("bool", "int8")
 # Columnar formats store labels as they come (0/1 in any integer or float column).
 COLUMNAR_LABEL_DTYPES = ("bool", "int8", "int16", "int32", "int64", "float32")
 
 DEFAULT_FILENAME = "feature_spec.yaml"
+# The dtype of a feature whose spec gives none and whose file has no schema, by channel kind
+# (NVIDIA's Wide & Deep specs carry no dtypes).
+DEFAULT_DTYPES = {"categorical": "int64", "id": "int64", "numerical": "float32", "label": "int8"}
 
 # Cardinalities of the 26 categorical features of the Criteo 1TB click logs after
 # preprocessing with frequency thresholds 15, 3 and 0 (values seen fewer times than the
@@ -110,7 +118,7 @@ def _is_positive_int(value) -> bool:
         and value >= 1
 
 
-def _dtype_name(value):
+def dtype_name(value):
     """Canonical numpy name of a dtype given in a spec, or None if it is not a dtype."""
     if value is None or isinstance(value, bool):
         return None
@@ -118,6 +126,32 @@ def _dtype_name(value):
         return str(np.dtype(value))
     except (TypeError, ValueError):
         return None
+
+
+def hotness(props) -> object:
+    """Values per row from `dimensions: [d]` or `max_hotness: d` (None when neither is given);
+    FeatureSpecError when they are malformed or disagree. props: one feature's mapping."""
+    props = props or {}
+    dims, hot = props.get("dimensions"), props.get(MAX_HOTNESS)
+    if dims is not None and not (isinstance(dims, list) and len(dims) == 1
+                                 and _is_positive_int(dims[0])):
+        raise FeatureSpecError(f"dimensions must be a list of one positive integer (e.g. [3]), "
+                               f"found {dims!r}")
+    if hot is not None and not _is_positive_int(hot):
+        raise FeatureSpecError(f"{MAX_HOTNESS} must be a positive integer, found {hot!r}")
+    if dims is not None and hot is not None and int(dims[0]) != int(hot):
+        raise FeatureSpecError(f"dimensions {dims} and {MAX_HOTNESS} {hot} disagree")
+    if dims is not None:
+        return int(dims[0])
+    return None if hot is None else int(hot)
+
+
+def feature_hotness(name: str, props, where: str = "feature_spec: ") -> object:
+    """hotness(props) with the error naming the feature."""
+    try:
+        return hotness(props)
+    except FeatureSpecError as e:
+        raise FeatureSpecError(f"{where}feature '{name}': {e}") from None
 
 
 def allowed_dtype(value, allowed):
@@ -212,10 +246,9 @@ class FeatureSpec:
         return list(self.channel_spec.get(name) or [])
 
     def dimension(self, feature: str):
-        """Values per row of a multi-hot or sequence feature (`dimensions: [d]`); None for a
-        scalar feature."""
-        dims = self.feature_spec[feature].get("dimensions")
-        return int(dims[0]) if dims else None
+        """Values per row of a multi-hot or sequence feature (`dimensions: [d]` or
+        `max_hotness: d`); None for a scalar feature."""
+        return hotness(self.feature_spec[feature])
 
     def cardinality(self, feature: str) -> int:
         return int(self.feature_spec[feature]["cardinality"])
@@ -263,15 +296,10 @@ class FeatureSpec:
                                        f"found {name!r}")
             if not isinstance(props, dict) or "dtype" not in props:
                 raise FeatureSpecError(f"feature_spec: feature '{name}' needs a dtype")
-            if _dtype_name(props["dtype"]) is None:
+            if dtype_name(props["dtype"]) is None:
                 raise FeatureSpecError(f"feature_spec: feature '{name}' has unknown dtype "
                                        f"{props['dtype']!r}")
-            dims = props.get("dimensions")
-            if dims is not None and not (isinstance(dims, list) and len(dims) == 1
-                                         and _is_positive_int(dims[0])):
-                raise FeatureSpecError(f"feature_spec: feature '{name}': dimensions must be a "
-                                       f"list of one positive integer (e.g. [3]), found "
-                                       f"{dims!r}")
+            feature_hotness(name, props)
         if not isinstance(self.metadata, dict):
             raise FeatureSpecError(f"metadata: expected a mapping, found "
                                    f"{type(self.metadata).__name__}")
@@ -490,19 +518,38 @@ class ChannelContract:
                                    f"{rule.count_text()}, found {len(names)}: {names}")
         for name in names:
             _check_feature(spec, name, channel, rule, self.model)
-        dtypes = {_dtype_name(spec.feature_spec[n]["dtype"]) for n in names}
+        dtypes = {dtype_name(spec.feature_spec[n]["dtype"]) for n in names}
         if rule.same_dtype and len(dtypes) > 1:
-            first = _dtype_name(spec.feature_spec[names[0]]["dtype"])
-            odd = [n for n in names if _dtype_name(spec.feature_spec[n]["dtype"]) != first]
+            first = dtype_name(spec.feature_spec[names[0]]["dtype"])
+            odd = [n for n in names if dtype_name(spec.feature_spec[n]["dtype"]) != first]
             raise FeatureSpecError(f"{channel} features must share one dtype, found "
                                    f"{sorted(dtypes)}: '{names[0]}' is {first} but {odd} are "
                                    f"not")
 
 
+def with_dtypes(spec: "FeatureSpec", contract: ChannelContract, found: dict) -> "FeatureSpec":
+    """A copy of spec in which every channel feature lacking a dtype has one: found[name] (the
+    data's own type, e.g. from a parquet schema) when its channel allows that type, else the
+    channel kind's DEFAULT_DTYPES entry (ids stored as floats are read as int64)."""
+    out = spec.copy()
+    for channel, rule in contract.channels.items():
+        for name in out.channel(channel):
+            if name not in out.feature_spec or \
+                    not isinstance(out.feature_spec[name] or {}, dict):
+                continue  # validation names the culprit
+            props = dict(out.feature_spec[name] or {})
+            if "dtype" not in props:
+                own = dtype_name(found.get(name))
+                props["dtype"] = own if own in rule.allowed_dtypes() else \
+                    DEFAULT_DTYPES[rule.kind]
+            out.feature_spec[name] = props
+    return out
+
+
 def _check_feature(spec: "FeatureSpec", name: str, channel: str, rule: ChannelRule,
                    model: str) -> None:
     props = spec.feature_spec[name]
-    dtype = _dtype_name(props["dtype"])
+    dtype = dtype_name(props["dtype"])
     allowed = rule.allowed_dtypes()
     if dtype not in allowed:
         raise FeatureSpecError(f"feature '{name}': {rule.kind} dtype must be one of "
@@ -515,13 +562,13 @@ def _check_feature(spec: "FeatureSpec", name: str, channel: str, rule: ChannelRu
         if int(card) - 1 > np.iinfo(dtype).max:
             raise FeatureSpecError(f"feature '{name}': cardinality {card} does not fit "
                                    f"dtype {props['dtype']}")
-    dims = props.get("dimensions")
-    if rule.shape == "scalar" and dims:
+    width = hotness(props)
+    if rule.shape == "scalar" and width:
         raise FeatureSpecError(f"feature '{name}' of channel '{channel}': {model} reads one "
-                               f"value per row here, found dimensions {dims}")
-    if rule.shape == "multi" and not dims:
+                               f"value per row here, found dimensions [{width}]")
+    if rule.shape == "multi" and not width:
         raise FeatureSpecError(f"feature '{name}' of channel '{channel}': {model} needs "
-                               f"dimensions [d] (values per row), found none")
+                               f"dimensions [d] or max_hotness d (values per row), found none")
 
 
 def _check_dlrm_chunk(spec: "FeatureSpec", where: str, features: list) -> None:

@@ -7,8 +7,9 @@ For every mapping of SPEC's source_spec, --size rows are written: each chunk's f
 header-less comma-separated columns in chunk order, its rows split evenly over the chunk's
 files. Integer columns hold uniform random ids in [0, cardinality) (cardinality `auto` or
 none uses --auto_cardinality), numerical (float) columns random non-negative floats, and the
-label real 0/1 values. A feature with `dimensions: [d]` gets 0..d ids per row joined by `|`. DIR/feature_spec.yaml repeats SPEC with every chunk typed `csv` (a chunk of
-another type is renamed <file>.csv), ready for transcode.py. The output goes through a
+label real 0/1 values. A feature with `dimensions: [d]` or `max_hotness: d` gets 0..d ids
+per row joined by `|`. DIR/feature_spec.yaml repeats SPEC with every chunk typed `csv` (a
+chunk of another type is renamed <file>.csv), ready for transcode.py. The output goes through a
 temporary directory; a non-empty DIR is refused unless --overwrite.
 """
 from __future__ import annotations
@@ -63,7 +64,7 @@ def _column(rng, spec, name, rows, auto_cardinality):
         return rng.exponential(2.0, rows)
     card = (spec.feature_spec[name] or {}).get("cardinality", AUTO)
     card = auto_cardinality if card == AUTO else int(card)
-    width = spec.dimension(name) if (spec.feature_spec[name] or {}).get("dimensions") else None
+    width = spec.dimension(name)  # dimensions: [d] or max_hotness: d
     if width is None:
         return rng.integers(0, card, rows)
     lengths = rng.integers(0, width + 1, rows)

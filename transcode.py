@@ -1,38 +1,46 @@
 #!/usr/bin/env python3
-"""Convert a CSV dataset described by a feature spec into a format a model reads.
+"""Convert a CSV dataset described by a feature spec into the format a model family reads.
 
-    python transcode.py --input DIR --output OUT [--output_format split_binary|parquet|tfrecord]
-                        [--chunk_size 1000000] [--overwrite]
+    python transcode.py --input DIR --output OUT [--chunk_size 1000000]
+                        [--output_format split_binary|parquet|tfrecord] [--overwrite]
 
 DIR/feature_spec.yaml describes header-less CSV files (chunk type `csv`): each chunk lists
 its features in column order and its files in row order (rows 0..i-1 in the first file, the
 next rows in the next one, ...); a chunk may hold several features of any channels, and
 different chunks may split their rows over files differently. The mappings train and test
-are required, validation is optional. Channels are those of the model family that will read
-the output (DLRM: categorical, numerical, label; Wide & Deep and SIM: see their READMEs);
-the channel `label` holds one feature whose values must be 0 or 1.
+are required, validation is optional. The channel `label` holds one feature whose values
+must be 0 or 1.
 
-Categorical features (those of the channel `categorical` and every feature with a
+Without --output_format the output follows the spec's channels: DLRM's (categorical,
+numerical, label) -> split binary, Wide & Deep's (onehot_categorical, multihot_categorical,
+numerical, label, map) -> parquet, SIM's -> TFRecord. A feature the output cannot hold (a
+channel split binary has no file for, several values per row in split binary, a float dtype
+the format would narrow) is an error naming it: nothing is dropped.
+
+Categorical features (those of a categorical channel and every feature with a
 `cardinality`) hold integer ids in [0, cardinality); a cardinality of `auto` (or none in the
 channel `categorical`) is inferred as the largest id in any mapping + 1. A feature with
-`dimensions: [d]` (multi-hot or sequence) holds up to d integers in one field separated by
-`|` (an empty field: no values); more than d is an error naming the row and feature.
+`dimensions: [d]` or `max_hotness: d` (multi-hot or sequence) holds up to d integers in one
+field, separated by `|` (`3|17|4`) or as NVIDIA's quoted list (`"[3, 17, 4]"`); an empty
+field or list has no values, more than d is an error naming the row and feature.
 Features of the channel `numerical` (or with a float dtype) are floats; others integers.
-Dtypes in the input spec are optional: categorical features get the narrowest integer type
-holding their cardinality (or the given integer dtype if it fits), numerical features
-float16 in split binary and float32 otherwise (or the given float dtype), the label bool in
-split binary and int8 otherwise (or the given dtype).
+Dtypes in the input spec are optional. Split binary: categorical features get the narrowest
+integer type holding their cardinality, numerical ones float16, the label bool (or the given
+dtypes). Parquet and TFRecord: categorical int32 (int64 past 2^31 ids), numerical float64 in
+parquet (the CSV's values as parsed) and float32 in TFRecord, the label int8, others int64
+(or the given dtypes); hotness is written both as `dimensions` and `max_hotness`, and a Wide
+& Deep spec lists all five of its channels, so NVIDIA's FeatureSpec check accepts it.
 
---output_format split_binary (default) writes the DLRM layout (<mapping>/numerical.bin,
-label.bin, cat_<i>.bin); parquet and tfrecord write <mapping>/part_<k> files of up to
---chunk_size rows (one column / Example feature per spec feature, lists for multi-valued
-ones). A generated feature_spec.yaml goes with them; everything is written through a
-temporary directory so a failure leaves no half dataset. A non-empty OUT is refused unless
---overwrite.
+split_binary writes the DLRM layout (<mapping>/numerical.bin, label.bin, cat_<i>.bin);
+parquet and tfrecord write <mapping>/part_<k> files of up to --chunk_size rows (one column /
+Example feature per spec feature, lists for multi-valued ones). A generated
+feature_spec.yaml goes with them; everything is written through a temporary directory so a
+failure leaves no half dataset. A non-empty OUT is refused unless --overwrite.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import os
 import sys
 import time
@@ -42,10 +50,14 @@ import pandas as pd
 
 from datasets import COLUMNAR_FORMATS, ColumnarWriter, DatasetError, SplitBinaryWriter
 from feature_spec import (AUTO_CARDINALITY, CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES,
-                          COLUMNAR_LABEL_DTYPES, CSV, DEFAULT_FILENAME, KNOWN_MAPPINGS,
-                          LABEL_CHANNEL, LABEL_DTYPES, NUMERICAL_CHANNEL, NUMERICAL_DTYPES,
-                          SPLIT_BINARY, FeatureSpec, FeatureSpecError, allowed_dtype,
-                          check_mapping_names, narrowest_int_dtype, read_spec_yaml)
+                          COLUMNAR_LABEL_DTYPES, COLUMNAR_NUMERICAL_DTYPES, CSV,
+                          DEFAULT_FILENAME, DLRM_CONTRACT, KNOWN_MAPPINGS, LABEL_CHANNEL,
+                          LABEL_DTYPES, MAX_HOTNESS, NUMERICAL_CHANNEL, NUMERICAL_DTYPES,
+                          PARQUET, SPLIT_BINARY, TFRECORD, FeatureSpec, FeatureSpecError,
+                          dtype_name, allowed_dtype, check_mapping_names, feature_hotness,
+                          narrowest_int_dtype, read_spec_yaml)
+from sim.contract import SIM_CONTRACT
+from wide_and_deep.contract import WIDE_DEEP_CONTRACT
 
 AUTO = AUTO_CARDINALITY
 SEPARATOR = "|"  # between the values of a multi-hot or sequence field
@@ -97,11 +109,7 @@ def _check_csv_channels(path: str, fs: dict, cs: dict) -> dict:
         if card != AUTO and (isinstance(card, bool) or not isinstance(card, int) or card < 1):
             raise FeatureSpecError(f"{path}: feature '{name}': cardinality must be a positive "
                                    f"integer or 'auto', found {card!r}")
-        dims = props.get("dimensions")
-        if dims is not None and not (isinstance(dims, list) and len(dims) == 1
-                                     and isinstance(dims[0], int) and dims[0] >= 1):
-            raise FeatureSpecError(f"{path}: feature '{name}': dimensions must be a list of "
-                                   f"one positive integer, found {dims!r}")
+        feature_hotness(name, props, f"{path}: ")
     return channel_of
 
 
@@ -157,7 +165,7 @@ class _ChunkRows:
         self.paths = [os.path.join(spec.base_directory, f) for f in chunk["files"]]
         self.where = ", ".join(chunk["files"])
         self.widths = {f: spec.dimension(f) for f in self.features
-                       if (spec.feature_spec[f] or {}).get("dimensions")}
+                       if spec.dimension(f) is not None}
         self.rows_taken = 0
         self.dtypes, self.chunk_size = dtypes, chunk_size
         self.usecols = usecols
@@ -171,12 +179,12 @@ class _ChunkRows:
                 raise DatasetError(f"csv file not found: {path}")
             if os.path.getsize(path) == 0:
                 continue
-            with open(path) as f:
-                first = f.readline().rstrip("\r\n")
-            if len(first.split(",")) != len(self.features):
+            with open(path, newline="") as f:
+                first = next(csv.reader(f), [])
+            if len(first) != len(self.features):
                 raise DatasetError(f"{path}: expected {len(self.features)} comma-separated "
-                                   f"columns {self.features}, found "
-                                   f"{len(first.split(','))} in the first line")
+                                   f"columns {self.features}, found {len(first)} in the "
+                                   f"first line")
             try:
                 reader = pd.read_csv(path, header=None, names=self.features,
                                      usecols=self.usecols, dtype=self.dtypes, index_col=False,
@@ -215,8 +223,12 @@ class _ChunkRows:
         return block, len(head)
 
     def _split_values(self, name: str, column: pd.Series) -> tuple:
-        """'3|17|4' fields -> (flat int64 values, lengths); an empty field has no values."""
-        texts = column.fillna("").astype(str).to_numpy()
+        """'3|17|4' or '[3, 17, 4]' (NVIDIA's quoted list) fields -> (flat int64 values,
+        lengths); an empty field or list has no values."""
+        texts = column.fillna("").astype(str).str.strip()
+        listed = texts.str.startswith("[") & texts.str.endswith("]")
+        texts = texts.where(~listed, texts.str.slice(1, -1).str.replace(" ", "")
+                            .str.replace(",", SEPARATOR)).to_numpy()
         lengths = np.array([t.count(SEPARATOR) + 1 if t else 0 for t in texts], dtype=np.int64)
         too_long = np.flatnonzero(lengths > self.widths[name])
         if too_long.size:
@@ -229,7 +241,8 @@ class _ChunkRows:
             flat = np.array(joined.split(SEPARATOR) if joined else [], dtype=np.int64)
         except ValueError:
             raise DatasetError(f"{self.where}: feature '{name}': fields must hold integers "
-                               f"separated by '{SEPARATOR}'") from None
+                               f"separated by '{SEPARATOR}' or a list like \"[3, 17, 4]\"") \
+                from None
         return flat, lengths
 
 
@@ -243,7 +256,7 @@ def _files_of(spec: FeatureSpec, mapping: str, feature: str) -> str:
 def _column_dtypes(spec: FeatureSpec) -> dict:
     dtypes = {}
     for name in (n for names in spec.channel_spec.values() for n in names or []):
-        if (spec.feature_spec[name] or {}).get("dimensions"):
+        if spec.dimension(name) is not None:
             dtypes[name] = "str"
         else:
             dtypes[name] = "float64" if is_float_feature(spec, name) else "int64"
@@ -325,25 +338,103 @@ def output_spec(spec: FeatureSpec, cardinalities: dict) -> FeatureSpec:
     return out.validate()
 
 
-def columnar_output_spec(spec: FeatureSpec, cardinalities: dict) -> FeatureSpec:
-    """The input spec with dtypes and cardinalities settled (source_spec: the writer's)."""
+def _columnar_categorical_dtype(props: dict, cardinality: int) -> str:
+    """The spec's integer dtype if it holds the ids, else int32 or int64 (the types NVIDIA's
+    Wide & Deep FeatureSpec check allows)."""
+    dtype = allowed_dtype(props.get("dtype"), CATEGORICAL_DTYPES)
+    if dtype is None or cardinality - 1 > np.iinfo(dtype).max:
+        dtype = "int32" if cardinality - 1 <= np.iinfo(np.int32).max else "int64"
+    return dtype
+
+
+def _channels_of(spec: FeatureSpec, family) -> dict:
+    """The spec's channels; for Wide & Deep every one of its channels, empty ones included
+    (NVIDIA's FeatureSpec check wants all five)."""
+    channels = spec.to_dict()["channel_spec"]
+    if family is WIDE_DEEP_CONTRACT:
+        channels = {c: list(channels.get(c) or []) for c in family.channels}
+    return channels
+
+
+def columnar_output_spec(spec: FeatureSpec, cardinalities: dict, output_format: str,
+                         family=None) -> FeatureSpec:
+    """The input spec with dtypes, cardinalities and hotness settled (both `dimensions` and
+    `max_hotness`); source_spec: the writer's."""
     fs = {}
     categorical = set(categorical_features(spec))
+    floats = FLOAT_DTYPES[output_format]
     for name in (n for names in spec.channel_spec.values() for n in names or []):
         props = dict(spec.feature_spec[name] or {})
         if name in categorical:
             props["cardinality"] = int(cardinalities.get(name, props.get("cardinality")))
-            dtype = _categorical_dtype(props, props["cardinality"])
+            dtype = _columnar_categorical_dtype(props, props["cardinality"])
         elif name == spec.label_feature:
             dtype = allowed_dtype(props.get("dtype"), COLUMNAR_LABEL_DTYPES) or "int8"
         elif is_float_feature(spec, name):
-            dtype = allowed_dtype(props.get("dtype"), NUMERICAL_DTYPES) or "float32"
+            dtype = allowed_dtype(props.get("dtype"), floats) or floats[-1]
         else:
             dtype = allowed_dtype(props.get("dtype"), CATEGORICAL_DTYPES) or "int64"
         props["dtype"] = dtype
+        width = spec.dimension(name)
+        if width is not None:
+            props["dimensions"], props[MAX_HOTNESS] = [width], width
         fs[name] = props
     mappings = {m: [] for m in KNOWN_MAPPINGS if m in spec.source_spec}
-    return FeatureSpec(fs, mappings, spec.to_dict()["channel_spec"], {})
+    return FeatureSpec(fs, mappings, _channels_of(spec, family), {})
+
+
+# The format each model family reads, and how a format keeps floats (most precise last:
+# the default; a float dtype it cannot keep is refused, never narrowed).
+FAMILY_FORMATS = ((DLRM_CONTRACT, SPLIT_BINARY), (WIDE_DEEP_CONTRACT, PARQUET),
+                  (SIM_CONTRACT, TFRECORD))
+FLOAT_DTYPES = {SPLIT_BINARY: NUMERICAL_DTYPES, PARQUET: COLUMNAR_NUMERICAL_DTYPES,
+                TFRECORD: NUMERICAL_DTYPES}
+
+
+def spec_family(spec: FeatureSpec):
+    """(contract, format) of the model family whose channels the spec uses, or (None, None)."""
+    channels = set(spec.channel_spec)
+    for contract, output_format in FAMILY_FORMATS:
+        if channels <= set(contract.channels) and set(contract.required_channels) <= channels:
+            return contract, output_format
+    return None, None
+
+
+def choose_format(spec: FeatureSpec, output_format: str = None) -> tuple:
+    """(family contract or None, format): --output_format, else the family's format."""
+    family, family_format = spec_family(spec)
+    if output_format is None:
+        if family is None:
+            known = "; ".join(f"{c.model}: {sorted(c.channels)}" for c, _ in FAMILY_FORMATS)
+            raise FeatureSpecError(f"channel_spec: channels {sorted(spec.channel_spec)} are "
+                                   f"no model family's ({known}); pass --output_format")
+        output_format = family_format
+    if output_format not in OUTPUT_FORMATS:
+        raise DatasetError(f"--output_format must be one of {list(OUTPUT_FORMATS)}, found "
+                           f"{output_format!r}")
+    _check_output_holds(spec, output_format)
+    return family, output_format
+
+
+def _check_output_holds(spec: FeatureSpec, output_format: str) -> None:
+    """FeatureSpecError naming the features `output_format` cannot hold."""
+    hint = "(use --output_format parquet or tfrecord)"
+    features = [(n, c) for c, names in spec.channel_spec.items() for n in names or []]
+    if output_format == SPLIT_BINARY:
+        lost = [f"'{n}' ({c})" for n, c in features if c not in DLRM_CONTRACT.channels]
+        if lost:
+            raise FeatureSpecError(f"split_binary holds only the channels "
+                                   f"{list(DLRM_CONTRACT.channels)}; it would lose feature(s) "
+                                   f"{', '.join(lost)} {hint}")
+    for name, channel in features:
+        where = f"feature '{name}' of channel '{channel}'"
+        if output_format == SPLIT_BINARY and spec.dimension(name) is not None:
+            raise FeatureSpecError(f"{where}: split_binary holds one value per row, found "
+                                   f"dimensions [{spec.dimension(name)}] {hint}")
+        dtype = dtype_name((spec.feature_spec[name] or {}).get("dtype"))
+        if dtype and is_float_feature(spec, name) and dtype not in FLOAT_DTYPES[output_format]:
+            raise FeatureSpecError(f"{where}: dtype {dtype} does not fit {output_format} "
+                                   f"(holds {list(FLOAT_DTYPES[output_format])})")
 
 
 def _check_labels(spec: FeatureSpec, mapping: str, labels: np.ndarray, first_row: int):
@@ -368,34 +459,30 @@ def _write_columnar(writer, spec: FeatureSpec, mapping: str, block: dict, n: int
 
 
 def _open_writer(spec: FeatureSpec, inferred: dict, output_dir: str, output_format: str,
-                 overwrite: bool):
+                 overwrite: bool, family=None):
     if output_format == SPLIT_BINARY:
-        multi = [n for n in spec.feature_spec if (spec.feature_spec[n] or {}).get("dimensions")]
-        if multi:
-            raise FeatureSpecError(f"split_binary holds one value per row and feature; "
-                                   f"feature(s) {multi} have dimensions (use --output_format "
-                                   f"parquet or tfrecord)")
         return SplitBinaryWriter(output_dir, output_spec(spec, inferred), overwrite), \
             _write_split_binary
-    if output_format not in COLUMNAR_FORMATS:
-        raise DatasetError(f"--output_format must be one of {list(OUTPUT_FORMATS)}, found "
-                           f"{output_format!r}")
-    return ColumnarWriter(output_dir, columnar_output_spec(spec, inferred), output_format,
-                          overwrite), _write_columnar
+    out = columnar_output_spec(spec, inferred, output_format, family)
+    return ColumnarWriter(output_dir, out, output_format, overwrite), _write_columnar
 
 
 def transcode(input_dir: str, output_dir: str, chunk_size: int = 1_000_000,
               overwrite: bool = False, feature_spec: str = DEFAULT_FILENAME,
-              quiet: bool = True, output_format: str = SPLIT_BINARY) -> FeatureSpec:
+              quiet: bool = True, output_format: str = None) -> FeatureSpec:
+    """Write the CSV dataset of input_dir as output_format (None: the format of the model
+    family whose channels the spec uses); returns the written spec."""
     if chunk_size < 1:
         raise DatasetError(f"chunk_size must be positive, found {chunk_size}")
     spec = load_csv_spec(os.path.join(input_dir, feature_spec))
+    family, output_format = choose_format(spec, output_format)
     t0 = time.perf_counter()
     inferred = infer_cardinalities(spec, chunk_size)
     if inferred and not quiet:
         print(f"inferred cardinalities {inferred} ({time.perf_counter() - t0:.1f} s)",
               flush=True)
-    writer, write_block = _open_writer(spec, inferred, output_dir, output_format, overwrite)
+    writer, write_block = _open_writer(spec, inferred, output_dir, output_format, overwrite,
+                                       family)
     with writer:
         for mapping in spec.mappings:
             rows = 0
@@ -420,15 +507,15 @@ def parse_args(argv=None):
     p.add_argument("--input", required=True,
                    help="directory holding the CSV files and the feature spec describing them")
     p.add_argument("--output", required=True,
-                   help="output directory for the split-binary dataset (missing or empty "
+                   help="output directory for the dataset (missing or empty "
                         "unless --overwrite)")
-    p.add_argument("--output_format", choices=OUTPUT_FORMATS, default=SPLIT_BINARY,
-                   help="split_binary (DLRM, default), parquet (Wide & Deep) or tfrecord "
-                        "(SIM)")
+    p.add_argument("--output_format", choices=OUTPUT_FORMATS,
+                   help="split_binary (DLRM), parquet (Wide & Deep) or tfrecord (SIM); "
+                        "default: the format of the family whose channels the spec uses")
     p.add_argument("--chunk_size", type=int, default=1_000_000,
                    help="rows read and written at a time (and rows per parquet/tfrecord "
                         "file); higher is faster but needs more memory (default 1,000,000)")
-    p.add_argument("--feature_spec", default=DEFAULT_FILENAME,
+    p.add_argument("--feature_spec", "--feature_spec_in", default=DEFAULT_FILENAME,
                    help="spec file name inside --input (default feature_spec.yaml)")
     p.add_argument("--overwrite", action="store_true",
                    help="replace a non-empty --output (only once the new data is complete)")

@@ -246,10 +246,62 @@ def test_transcode_rejects_too_many_values(multihot_csv, tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-def test_transcode_split_binary_refuses_multihot(multihot_csv, tmp_path, capsys):
+def test_transcode_output_follows_the_channels_and_keeps_every_feature(multihot_csv,
+                                                                       tmp_path):
+    """No --output_format: Wide & Deep channels give parquet holding every feature (split
+    binary used to be written, silently without the one-hot and multi-hot features)."""
+    assert transcode.main(["--input", str(multihot_csv), "--output", str(tmp_path / "o"),
+                           "--quiet"]) == 0
+    spec = FeatureSpec.from_yaml(str(tmp_path / "o" / "feature_spec.yaml"))
+    chunk = spec.source_spec["train"][0]
+    assert chunk["type"] == "parquet"
+    assert sorted(chunk["features"]) == sorted(CSV_SPEC["feature_spec"])
+    frame = pd.read_parquet(tmp_path / "o" / chunk["files"][0])
+    assert frame.shape == (3, 5) and frame["ad"].tolist() == [4, 0, 9]
+
+
+def test_transcode_split_binary_refuses_what_it_cannot_hold(multihot_csv, tmp_path, capsys):
+    assert transcode.main(["--input", str(multihot_csv), "--output", str(tmp_path / "o"),
+                           "--output_format", "split_binary", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    for lost in ("'ad' (onehot_categorical)", "'topics' (multihot_categorical)",
+                 "'display' (map)"):
+        assert lost in err and "split_binary" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "o").exists()
+    dlrm = dict(CSV_SPEC, channel_spec={"categorical": ["ad", "topics", "display"],
+                                        "numerical": ["views"], "label": ["clicked"]})
+    (multihot_csv / "feature_spec.yaml").write_text(yaml.safe_dump(dlrm))
     assert transcode.main(["--input", str(multihot_csv), "--output", str(tmp_path / "o"),
                            "--quiet"]) == 2
-    assert "['topics'] have dimensions" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "feature 'topics' of channel 'categorical'" in err and "dimensions [3]" in err
+
+
+def test_transcode_needs_a_format_for_channels_of_no_family(multihot_csv, tmp_path, capsys):
+    mixed = dict(CSV_SPEC, channel_spec={"categorical": ["ad", "display"], "numerical": ["views"],
+                                         "multihot_categorical": ["topics"],
+                                         "label": ["clicked"]})
+    (multihot_csv / "feature_spec.yaml").write_text(yaml.safe_dump(mixed))
+    assert transcode.main(["--input", str(multihot_csv), "--output", str(tmp_path / "o"),
+                           "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "no model family" in err and "--output_format" in err
+    assert transcode.main(["--input", str(multihot_csv), "--output", str(tmp_path / "o"),
+                           "--output_format", "parquet", "--quiet"]) == 0
+
+
+def test_transcode_refuses_to_narrow_float64(multihot_csv, tmp_path, capsys):
+    spec = yaml.safe_load((multihot_csv / "feature_spec.yaml").read_text())
+    spec["feature_spec"]["views"]["dtype"] = "float64"
+    (multihot_csv / "feature_spec.yaml").write_text(yaml.safe_dump(spec))
+    assert transcode.main(["--input", str(multihot_csv), "--output", str(tmp_path / "o"),
+                           "--output_format", "tfrecord", "--quiet"]) == 2
+    err = capsys.readouterr().err
+    assert "feature 'views'" in err and "float64" in err and "tfrecord" in err
+    assert transcode.main(["--input", str(multihot_csv), "--output", str(tmp_path / "p"),
+                           "--quiet"]) == 0
+    frame = pd.read_parquet(tmp_path / "p" / "train" / "part_00000.parquet")
+    assert frame["views"].dtype == np.float64
 
 
 def test_gen_csv_writes_sequences_for_transcode(tmp_path):
@@ -263,9 +315,11 @@ def test_gen_csv_writes_sequences_for_transcode(tmp_path):
                         keep_default_na=False)
     lengths = frame[3].map(lambda s: len(s.split("|")) if s else 0)
     assert lengths.max() <= 6 and lengths.min() >= 0 and lengths.nunique() > 1
+    # no --output_format: SIM's channels give TFRecord
     assert transcode.main(["--input", str(tmp_path / "csv"), "--output", str(tmp_path / "tf"),
-                           "--output_format", "tfrecord", "--quiet"]) == 0
+                           "--quiet"]) == 0
     out = FeatureSpec.from_yaml(str(tmp_path / "tf" / "feature_spec.yaml")).validate(SIM_CONTRACT)
+    assert {c["type"] for c in out.source_spec["train"]} == {"tfrecord"}
     batch = open_reader(out, "train", 40).get(0)
     np.testing.assert_array_equal(batch["pos_item__length"], lengths.to_numpy())
     first = [int(v) for v in frame[3][0].split("|")] if frame[3][0] else []

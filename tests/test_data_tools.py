@@ -1,4 +1,5 @@
-"""The data CLIs: generate_feature_spec, transcribe, transcode, gen_csv."""
+"""The data CLIs: generate_feature_spec, transcribe, transcode, gen_csv,
+gen_embedding_sizes."""
 import os
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 import yaml
 
 import gen_csv
+import gen_embedding_sizes
 import generate_feature_spec
 import transcode
 import transcribe
@@ -19,8 +21,10 @@ TOOLS = {
                  "--max_batches_train", "--max_batches_test", "--dst_dataset_type",
                  "--src_batch_size", "--seed", "--signal_strength", "--power_law_alpha",
                  "--overwrite"],
-    transcode: ["--input", "--output", "--chunk_size", "--overwrite"],
+    transcode: ["--input", "--output", "--chunk_size", "--overwrite", "--output_format",
+                "--feature_spec_in"],
     gen_csv: ["--feature_spec_in", "--output", "--size", "--seed"],
+    gen_embedding_sizes: ["--feature_spec_in", "--output", "--max_size", "--seed"],
 }
 
 

@@ -258,3 +258,55 @@ def test_atomic_write_text_replaces_whole_file(tmp_path):
     atomic_write_text(str(path), "two")
     assert path.read_text() == "two"
     assert os.listdir(tmp_path) == ["f.txt"]
+
+
+# ---- NVIDIA's Wide & Deep spelling: max_hotness, no dtypes, float64 -------------------------
+
+def wide_deep_dict():
+    """A spec as NVIDIA's Wide & Deep writes one: no dtypes, hotness as max_hotness."""
+    features = ["ad", "topics", "ctr", "clicked"]
+    return {"feature_spec": {"ad": {"cardinality": 9}, "topics": {"cardinality": 5,
+                                                                  "max_hotness": 3},
+                             "ctr": {}, "clicked": {}},
+            "channel_spec": {"onehot_categorical": ["ad"], "multihot_categorical": ["topics"],
+                             "numerical": ["ctr"], "label": ["clicked"], "map": []},
+            "source_spec": {m: [{"type": "parquet", "features": features,
+                                 "files": [f"{m}_0.parquet"]}] for m in ("train", "test")}}
+
+
+def test_max_hotness_is_read_as_dimensions():
+    from feature_spec import with_dtypes
+    from wide_and_deep.contract import WIDE_DEEP_CONTRACT
+    spec = with_dtypes(FeatureSpec(**wide_deep_dict()), WIDE_DEEP_CONTRACT, {})
+    assert spec.dimension("topics") == 3 and spec.dimension("ad") is None
+    spec.validate(WIDE_DEEP_CONTRACT)
+    spec.feature_spec["topics"]["dimensions"] = [3]  # both spellings, agreeing
+    spec.validate(WIDE_DEEP_CONTRACT)
+    spec.feature_spec["topics"]["dimensions"] = [4]
+    with pytest.raises(FeatureSpecError, match=r"feature 'topics'.*\[4\].*max_hotness 3"):
+        spec.validate(WIDE_DEEP_CONTRACT)
+    spec.feature_spec["topics"] = {"dtype": "int32", "cardinality": 5, "max_hotness": 0}
+    with pytest.raises(FeatureSpecError, match="feature 'topics'.*max_hotness must be a pos"):
+        spec.validate(WIDE_DEEP_CONTRACT)
+
+
+def test_missing_dtypes_come_from_the_data_else_defaults():
+    """The data's own type when the channel allows it (float64 numericals, int64 ids); ids
+    stored as floats (list<double>) and anything a channel refuses get the kind's default."""
+    from feature_spec import with_dtypes
+    from wide_and_deep.contract import WIDE_DEEP_CONTRACT
+    raw = FeatureSpec(**wide_deep_dict())
+    with pytest.raises(FeatureSpecError, match="feature 'ad' needs a dtype"):
+        raw.copy().validate(WIDE_DEEP_CONTRACT)
+    found = {"ad": "int64", "topics": "float64", "ctr": "float64", "clicked": "int64"}
+    spec = with_dtypes(raw, WIDE_DEEP_CONTRACT, found).validate(WIDE_DEEP_CONTRACT)
+    assert {n: spec.feature_spec[n]["dtype"] for n in found} == \
+        {"ad": "int64", "topics": "int64", "ctr": "float64", "clicked": "int64"}
+    spec = with_dtypes(raw, WIDE_DEEP_CONTRACT, {}).validate(WIDE_DEEP_CONTRACT)
+    assert {n: spec.feature_spec[n]["dtype"] for n in found} == \
+        {"ad": "int64", "topics": "int64", "ctr": "float32", "clicked": "int8"}
+    assert "dtype" not in raw.feature_spec["ad"]  # a copy: the loaded spec is untouched
+    given = wide_deep_dict()
+    given["feature_spec"]["ad"]["dtype"] = "int32"
+    assert with_dtypes(FeatureSpec(**given), WIDE_DEEP_CONTRACT,
+                       found).feature_spec["ad"]["dtype"] == "int32"

@@ -29,6 +29,8 @@ def numpy_logits(model, batch, combiner):
     n = len(length)
     wide = v["wide/a"][batch["a"].numpy(), 0] + v["wide/b"][batch["b"].numpy(), 0] + \
         v["wide/bias"][0]
+    numerical = np.stack([batch["x0"].numpy(), batch["x1"].numpy()], 1)
+    wide += numerical @ v["wide/numerical"][:, 0]  # the reference's wide part is linear in them
     pooled = np.zeros((n, 4))
     for r in range(n):
         for j in range(length[r]):
@@ -36,7 +38,7 @@ def numpy_logits(model, batch, combiner):
             pooled[r] += v["deep/m"][m[r, j]]
         if combiner == "mean" and length[r]:
             pooled[r] /= length[r]
-    x = np.concatenate([np.stack([batch["x0"].numpy(), batch["x1"].numpy()], 1),
+    x = np.concatenate([numerical,
                         v["deep/a"][batch["a"].numpy()], v["deep/b"][batch["b"].numpy()],
                         pooled], axis=1)
     for i in range(3):

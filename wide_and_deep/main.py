@@ -15,8 +15,13 @@ import runtime
 from cli import run_cli
 
 
+AFFINITIES = ("all", "single", "single_unique", "unique_interleaved", "unique_contiguous",
+              "disabled")
+
+
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     a = p.add_argument
     a("--dataset_path", required=True, help="directory holding the feature spec and parquet")
     a("--fspec_file", default="feature_spec.yaml", help="spec file name inside --dataset_path")
@@ -25,25 +30,33 @@ def parse_args(argv=None):
     a("--model_dir", default="model", help="checkpoint and SavedModel directory")
     a("--results_dir", default="results", help="log and plots directory")
     a("--log_filename", default="log.json", help="DLLogger log inside --results_dir")
-    a("--global_batch_size", type=int, default=131072)
-    a("--eval_batch_size", type=int, default=131072)
-    a("--num_epochs", type=int, default=20)
+    a("--global_batch_size", type=int, default=131072, help="rows per step, all ranks")
+    a("--eval_batch_size", type=int, default=131072, help="rows per evaluation batch")
+    a("--num_epochs", type=int, default=20, help="training epochs")
     a("--cpu", action="store_true", help="hide GPUs")
     a("--amp", action="store_true", help="bfloat16 (CPU) / float16 (GPU) MLP")
     a("--xla", action="store_true", help="compile the dense part with XLA")
     a("--linear_learning_rate", type=float, default=0.02, help="FTRL, wide part")
     a("--deep_learning_rate", type=float, default=0.00012, help="RMSProp, deep part")
     a("--deep_warmup_epochs", type=float, default=6, help="linear warmup of the deep rate")
-    a("--deep_hidden_units", type=int, nargs="+", default=[1024] * 5)
-    a("--deep_dropout", type=float, default=0.1)
+    a("--deep_hidden_units", type=int, nargs="+", default=[1024] * 5,
+      help="units of the deep part's hidden layers")
+    a("--deep_dropout", type=float, default=0.1, help="dropout after each hidden layer")
     a("--combiner", default="sum", help="multi-hot pooling: sum or mean")
+    a("--num_auc_thresholds", type=int, default=8000,
+      help="accepted for NVIDIA's command lines; the AUC here is exact (all scores ranked), "
+           "not a histogram of this many thresholds")
     a("--evaluate", action="store_true", help="evaluate only (with --use_checkpoint)")
     a("--benchmark", action="store_true", help="measure train (or eval) samples/s")
-    a("--benchmark_warmup_steps", type=int, default=500)
-    a("--benchmark_steps", type=int, default=1000)
-    a("--disable_map_calculation", action="store_true")
+    a("--benchmark_warmup_steps", type=int, default=500, help="steps before timing")
+    a("--benchmark_steps", type=int, default=1000, help="timed steps")
+    a("--affinity", default="unique_interleaved", choices=AFFINITIES,
+      help="accepted for NVIDIA's command lines; not applied: processes keep the CPUs the "
+           "launcher (horovodrun, slurm) gives them")
+    a("--disable_map_calculation", action="store_true",
+      help="no MAP@12 (needs a feature in the spec's 'map' channel otherwise)")
     a("--print_freq", type=int, default=100, help="steps between progress lines")
-    a("--seed", type=int, default=0)
+    a("--seed", type=int, default=0, help="initialization, shuffling and dropout seed")
     return p.parse_args(argv)
 
 

@@ -1,7 +1,8 @@
 """The Wide & Deep model: plain tf.Variables (tables looked up with tf.nn.embedding_lookup,
 so their gradients stay sparse) and a forward pass split at the lookups.
 
-  wide:  sum over categorical features of w_f[id] (multi-hot: every valid id) + bias
+  wide:  sum over categorical features of w_f[id] (multi-hot: every valid id)
+         + numerical features times their weights + bias (linear in both, as NVIDIA's)
   deep:  [numerical, e_f(ids) pooled per feature] -> ReLU MLP with dropout -> one unit
   logit = wide + deep
 """
@@ -95,6 +96,8 @@ class WideDeepModel(tf.Module):
                                                 name=f"wide_{t.name}") for t in config.tables}
         # FTRL's weights are a function of its slots, which start at zero: so must the weights.
         self.wide_bias = tf.Variable(tf.zeros([1]), name="wide_bias")
+        self.wide_numerical = (tf.Variable(tf.zeros([len(config.numerical), 1]),
+                                           name="wide_numerical") if config.numerical else None)
         self.deep_tables = {t.name: table_variable(t.cardinality, t.dim, seed, i,
                                                    name=f"deep_{t.name}")
                             for i, t in enumerate(config.tables)}
@@ -108,6 +111,8 @@ class WideDeepModel(tf.Module):
     def wide_variables(self) -> dict:
         out = {f"wide/{n}": v for n, v in self.wide_tables.items()}
         out["wide/bias"] = self.wide_bias
+        if self.wide_numerical is not None:
+            out["wide/numerical"] = self.wide_numerical
         return out
 
     def deep_variables(self) -> dict:
@@ -120,7 +125,8 @@ class WideDeepModel(tf.Module):
         return list(self.wide_tables.values()) + list(self.deep_tables.values())
 
     def dense_variables(self) -> list:
-        return [self.wide_bias] + self.kernels + self.biases
+        wide = [self.wide_bias] + ([] if self.wide_numerical is None else [self.wide_numerical])
+        return wide + self.kernels + self.biases
 
     # ---- forward -----------------------------------------------------------------------
     def lookup(self, batch: dict):
@@ -151,7 +157,13 @@ class WideDeepModel(tf.Module):
             segments = tf.concat(segments, 0)
             order = tf.argsort(segments, stable=True)
             layout = (tf.gather(tf.concat(positions, 0), order), tf.gather(segments, order))
-        return tf.stack(wide, axis=1), (pooled, unique), layout
+        wide = tf.stack(wide, axis=1) if wide else tf.zeros([self._rows(batch), 0])
+        return wide, (pooled, unique), layout
+
+    def _rows(self, batch: dict):
+        """Rows of the batch (the contract guarantees a table or a numerical feature)."""
+        tables, numerical = self.config.tables, self.config.numerical
+        return tf.shape(batch[tables[0].name if tables else numerical[0]])[0]
 
     @staticmethod
     def _valid_ids(t: Table, batch: dict):
@@ -172,8 +184,8 @@ class WideDeepModel(tf.Module):
         return tf.math.unsorted_segment_sum(looked_up, row_of, rows)
 
     def numerical(self, batch: dict):
-        if not self.config.numerical:  # the contract then guarantees a table
-            return tf.zeros([tf.shape(batch[self.config.tables[0].name])[0], 0])
+        if not self.config.numerical:
+            return tf.zeros([self._rows(batch), 0])
         return tf.stack([tf.cast(batch[f], tf.float32) for f in self.config.numerical], axis=1)
 
     def logits(self, numerical, wide_terms, embeddings, layout, training=False,
@@ -193,6 +205,8 @@ class WideDeepModel(tf.Module):
         deep = tf.nn.bias_add(tf.matmul(x, tf.cast(self.kernels[-1], compute_dtype)),
                               tf.cast(self.biases[-1], compute_dtype))
         wide = tf.reduce_sum(wide_terms, axis=1) + self.wide_bias
+        if self.wide_numerical is not None:
+            wide += tf.linalg.matvec(numerical, self.wide_numerical[:, 0])
         return wide + tf.cast(deep[:, 0], tf.float32)
 
     def _first_product(self, numerical, embeddings, layout, dtype):
@@ -222,5 +236,6 @@ class WideDeepModel(tf.Module):
 def parameter_count(config: WideDeepConfig) -> int:
     widths = [config.deep_input_width, *config.hidden_units, 1]
     mlp = sum(a * b + b for a, b in zip(widths[:-1], widths[1:]))
-    return int(sum(t.cardinality * (t.dim + 1) for t in config.tables) + 1 + mlp)
+    wide = sum(t.cardinality for t in config.tables) + len(config.numerical) + 1
+    return int(sum(t.cardinality * t.dim for t in config.tables) + wide + mlp)
 

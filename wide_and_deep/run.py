@@ -6,10 +6,10 @@ import os
 
 import checkpoint
 from dataloader import DictPipeline
-from datasets import open_reader
+from datasets import open_reader, parquet_dtypes
 from distributed import make_communicator
 from dllog import DLLogger
-from feature_spec import FeatureSpec
+from feature_spec import FeatureSpec, with_dtypes
 from lr_scheduler import LearningRateSchedule
 from wide_and_deep import loops
 from wide_and_deep.contract import (MAP_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL,
@@ -24,7 +24,9 @@ from wide_and_deep.trainer import WideDeepTrainer
 class Run:
     def __init__(self, args):
         self.args = args
-        self.spec = FeatureSpec.from_yaml(os.path.join(args.dataset_path, args.fspec_file))
+        spec = FeatureSpec.from_yaml(os.path.join(args.dataset_path, args.fspec_file))
+        # NVIDIA's specs carry no dtypes: the parquet schema (or a default) gives them
+        self.spec = with_dtypes(spec, WIDE_DEEP_CONTRACT, parquet_dtypes(spec))
         self.spec.validate(WIDE_DEEP_CONTRACT)
         self.comm = make_communicator()
         self.logger = DLLogger(os.path.join(args.results_dir, args.log_filename),
@@ -33,6 +35,9 @@ class Run:
         self.label = self.spec.label_feature
         maps = self.spec.channel(MAP_CHANNEL)
         self.display = maps[0] if maps and not args.disable_map_calculation else None
+        if not maps and not args.disable_map_calculation:
+            self.logger.print(f"warning: no MAP@12: the spec's '{MAP_CHANNEL}' channel is "
+                              f"empty (pass --disable_map_calculation to silence this)")
         self.train_pipe = self._pipe("train", args.global_batch_size, shuffle=True)
         self.eval_pipe = self._pipe("test", args.eval_batch_size, shuffle=False)
         self.config = WideDeepConfig.from_spec(
