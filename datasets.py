@@ -747,10 +747,10 @@ class _TFRecordChunk(_ChunkFiles):
         for name in self.features:
             flat, counts = parsed[name]
             width = self.spec.dimension(name)
-            if width is None or (rows == 1).all() and (counts <= width).all():
-                expected = rows if width is None else None
-            else:
-                expected = rows * width
+            if width is None:
+                expected = rows
+            else:  # one row a record: ragged (pad_ragged checks the width); else d per row
+                expected = None if (rows == 1).all() else rows * width
             if expected is not None and (counts != expected).any():
                 r = int(np.argmax(counts != expected))
                 raise DatasetError(f"{self.paths[i]}: record {r0 + r}: feature '{name}' has "

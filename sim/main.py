@@ -26,7 +26,8 @@ flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Spec, relative to --da
 flags.DEFINE_integer("global_batch_size", 131072, "Batch size over all processes", lower_bound=1)
 flags.DEFINE_integer("epochs", 3, "Passes over the training data", lower_bound=0)
 flags.DEFINE_float("lr", 0.01, "Learning rate")
-flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd"], "adam (lazy rows for tables) or sgd")
+flags.DEFINE_enum("optimizer", "adam", ["adam", "lazy_adam", "sgd"], "adam (lazy rows for "
+                  "tables; lazy_adam: the same) or sgd")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (adam)")
 flags.DEFINE_float("dropout_rate", -1.0, "Dropout on the stage-two MLP input; -1: off")
 flags.DEFINE_bool("amp", False, "bfloat16 (CPU) / float16 (GPU) compute; tables stay float32")
@@ -106,7 +107,8 @@ def build(spec, comm):
                        stage_two_mlp_dims=_ints(F.stage_two_mlp_dims),
                        aux_mlp_dims=_ints(F.aux_mlp_dims), gsu_top_k=F.gsu_top_k,
                        dropout_rate=F.dropout_rate, seed=F.seed)
-    trainer = SimTrainer(SimModel(config), comm, F.optimizer, F.lr, F.weight_decay, F.amp,
+    optimizer = "adam" if F.optimizer == "lazy_adam" else F.optimizer
+    trainer = SimTrainer(SimModel(config), comm, optimizer, F.lr, F.weight_decay, F.amp,
                          F.xla, F.seed)
     comm.broadcast_variables(list(trainer.variables().values()))
     return trainer
