@@ -71,4 +71,5 @@ def test_reference_defaults_are_accepted(tmp_path):
     params = [r["data"] for r in records if r["step"] == "PARAMETER"][0]
     assert params["seed"] >= 0
     final = [r["data"] for r in records if r["step"] == []][-1]
-    assert final["step"] == 4 and 0 <= final_auc(records) <= 1  # 240 rows / 60, one pass
+    assert final["step"] == 4 and final["train_samples"] == 240  # 240 rows / 60, one pass
+    assert 0 <= final_auc(records) <= 1

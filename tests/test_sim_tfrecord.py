@@ -119,6 +119,23 @@ def test_reference_layout_read_row_for_row(tmp_path, prebatch, batch_size):
         np.testing.assert_array_equal(got[name], values, err_msg=name)
 
 
+@pytest.mark.parametrize("model_type", ["sim", "din", "dien"])
+def test_main_trains_on_prebatched_reference_files(tmp_path, model_type):
+    """sim.main on the reference's prebatched layout (spec without a prebatch size): every
+    training row read once per epoch, every test row evaluated."""
+    from test_sim_training import SMALL, run_main
+    from dllog import read_log
+    rows = reference_rows(37)
+    data = write_reference_layout(tmp_path / "d", {"train": rows, "test": reference_rows(21)},
+                                  8)
+    run_main(["--dataset_dir", data, "--results_dir", str(tmp_path / "r")] + SMALL +
+             ["--model_type", model_type, "--long_seq_length", "2", "--epochs", "2",
+              "--global_batch_size", "5"])
+    epochs = [r["data"] for r in read_log(str(tmp_path / "r" / "log.json"))
+              if r["step"] and "auc" in r["data"]]
+    assert [(e["train_samples"], e["test_samples"]) for e in epochs] == [(37, 21)] * 2
+
+
 def test_prebatch_size_from_flag_must_match_the_data(tmp_path):
     from datasets import DatasetError
     rows = reference_rows(20)
