@@ -733,11 +733,11 @@ class _TFRecordChunk(_ChunkFiles):
         starts = self._record_starts[i]
         r0 = max(int(np.searchsorted(starts, a, side="right")) - 1, 0)
         r1 = max(int(np.searchsorted(starts, b, side="left")), r0)
-        key = (i, r0, r1)
-        if self._cached[0] != key:  # small batches of a prebatched record share its parse
-            self._cached = (key, self._rows(i, r0, r1))
+        cached = self._cached  # one snapshot: tf.data reads batches from several threads
+        if cached[0] != (i, r0, r1):  # small batches of a prebatched record share its parse
+            cached = self._cached = ((i, r0, r1), self._rows(i, r0, r1))
         first, rows = a - int(starts[r0]), b - a
-        return {k: v[first:first + rows] for k, v in self._cached[1].items()}
+        return {k: v[first:first + rows] for k, v in cached[1].items()}
 
     def _rows(self, i: int, r0: int, r1: int) -> dict:
         """Every row of records [r0, r1) of file i, shapes checked record by record."""
