@@ -14,7 +14,7 @@ test: setup
 demo: setup
 	@bash tools/demo.sh
 
-# SIM vs DIN on synthetic data with a long-history signal (sim/README.md)
+# SIM vs DIEN (and DIN) on synthetic data with a long-history signal (sim/README.md)
 demo-sim: setup
 	@bash tools/demo_sim.sh
 

@@ -124,9 +124,11 @@ class DictPipeline:
 
     GLOBAL_ROWS = "__global_rows"
 
-    def __init__(self, reader, label_features=(), prefetch: int = 2):
+    def __init__(self, reader, label_features=(), prefetch: int = 2,
+                 num_parallel_calls: int = tf.data.AUTOTUNE):
         """label_features: integer or bool features delivered as float32 (labels)."""
         self.reader, self.prefetch = reader, prefetch
+        self.num_parallel_calls = num_parallel_calls
         sample = reader.get(0) if len(reader) else None
         if sample is None:
             raise ValueError(f"mapping '{reader.mapping}' has no batch of "
@@ -163,7 +165,7 @@ class DictPipeline:
             return batch
 
         ds = tf.data.Dataset.from_tensor_slices(np.asarray(order, dtype=np.int64))
-        ds = ds.map(read, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = ds.map(read, num_parallel_calls=self.num_parallel_calls, deterministic=True)
         return ds.prefetch(self.prefetch)
 
     def epoch(self, epoch: int = 0, start_batch: int = 0):

@@ -582,6 +582,11 @@ class _ChunkFiles:
             pieces.append(self._read_file(0, 0, 0) if self.paths else {})
         return {k: np.concatenate([p[k] for p in pieces]) for k in pieces[0]}
 
+    def locate(self, row: int) -> str:
+        """'file row r' of a chunk row (for error messages)."""
+        i = int(np.searchsorted(self.file_starts, row, side="right")) - 1
+        return f"{self.paths[i]} row {row - int(self.file_starts[i])}"
+
     def _to_batch(self, name: str, values, where: str, first_row: int) -> dict:
         """values: ndarray [n] for a scalar, (flat, lengths) for a multi feature."""
         width = self.spec.dimension(name)
@@ -668,43 +673,148 @@ def _tfrecord_offsets(path: str) -> np.ndarray:
     return np.array(offsets + [size], dtype=np.int64)
 
 
+REMAINDER_FILENAME = "remainder.tfrecord"  # NVIDIA's SIM tools: a prebatched mapping's last rows
+PREBATCH_KEY = "prebatch_size"  # metadata: {mapping: rows per record} of prebatched mappings
+
+
+def prebatch_size(spec: FeatureSpec, mapping: str):
+    """Rows per record the spec records for a mapping (None: not recorded)."""
+    sizes = spec.metadata.get(PREBATCH_KEY) if isinstance(spec.metadata, dict) else None
+    size = sizes.get(mapping) if isinstance(sizes, dict) else None
+    return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+
 class _TFRecordChunk(_ChunkFiles):
+    """Plain files hold one row per record. Prebatched files (NVIDIA's SIM preprocessing with
+    --prebatch_*_size P) hold P rows per record, each feature's values of the P rows
+    concatenated, and the mapping's last rows (fewer than P) in one record of a file named
+    remainder.tfrecord. P comes from the caller (flag or spec) or from the first record."""
+
+    def __init__(self, spec: FeatureSpec, chunk: dict, features: list, prebatch=None):
+        self.prebatch, self._cached = prebatch, (None, None)
+        self._scalar = next((f for f in features if spec.dimension(f) is None), None)
+        super().__init__(spec, chunk, features)
+
     def _open(self) -> list:
         self._offsets = [_tfrecord_offsets(path) for path in self.paths]
-        return [len(o) - 1 for o in self._offsets]
+        size = self._rows_per_record()
+        self._record_starts = []  # per file: first row of every record, then the row count
+        for i, path in enumerate(self.paths):
+            records = len(self._offsets[i]) - 1
+            if os.path.basename(path) == REMAINDER_FILENAME:
+                counts = self._parse(i, 0, records)[1]
+            else:
+                counts = np.full(records, size, np.int64)
+            self._record_starts.append(np.concatenate([[0], np.cumsum(counts)]))
+        return [int(s[-1]) for s in self._record_starts]
+
+    def _rows_per_record(self) -> int:
+        """The prebatch size asked for, checked against the first record; else detected."""
+        first = next((i for i, p in enumerate(self.paths)
+                      if os.path.basename(p) != REMAINDER_FILENAME
+                      and len(self._offsets[i]) > 1), None)
+        if first is None:
+            return self.prebatch or 1
+        found = int(self._parse(first, 0, 1)[1][0])
+        if self.prebatch and found != self.prebatch:
+            raise DatasetError(f"{self.paths[first]}: record 0 holds {found} row(s), but the "
+                               f"prebatch size is {self.prebatch} (--prebatch_*_size or the "
+                               f"spec's metadata.{PREBATCH_KEY})")
+        return found
 
     def _parse_spec(self) -> dict:
         import tensorflow as tf
-        spec = {}
-        for name in self.features:
-            dtype = tf.float32 if self.spec.dtype(name).kind == "f" else tf.int64
-            spec[name] = (tf.io.FixedLenFeature([], dtype) if self.spec.dimension(name) is None
-                          else tf.io.RaggedFeature(dtype))
-        return spec
+        return {name: tf.io.RaggedFeature(tf.float32 if self.spec.dtype(name).kind == "f"
+                                          else tf.int64) for name in self.features}
 
-    def _read_file(self, i: int, a: int, b: int) -> dict:
-        import tensorflow as tf
+    def _records(self, i: int, r0: int, r1: int) -> list:
         offsets = self._offsets[i]
         with open(self.paths[i], "rb") as f:
-            f.seek(int(offsets[a]))
-            blob = f.read(int(offsets[b] - offsets[a]))
-        local = offsets[a:b + 1] - offsets[a]
-        records = [blob[s + 12:e - 4] for s, e in zip(local[:-1], local[1:])]
+            f.seek(int(offsets[r0]))
+            blob = f.read(int(offsets[r1] - offsets[r0]))
+        local = offsets[r0:r1 + 1] - offsets[r0]
+        return [blob[s + 12:e - 4] for s, e in zip(local[:-1], local[1:])]
+
+    def _parse(self, i: int, r0: int, r1: int) -> tuple:
+        """Records [r0, r1) of file i -> ({feature: (flat values, values per record)}, rows
+        per record). A record that does not parse is named with its feature."""
+        import tensorflow as tf
+        records = self._records(i, r0, r1)
         try:
             parsed = tf.io.parse_example(tf.constant(records, dtype=tf.string),
                                          self._parse_spec())
-        except tf.errors.InvalidArgumentError as e:
-            raise DatasetError(f"{self.paths[i]}: records {a}..{b - 1} do not match the "
-                               f"feature spec ({e.message.splitlines()[0]})") from None
+        except (tf.errors.InvalidArgumentError, UnicodeDecodeError):
+            self._raise_bad_record(i, r0, records)
+        out = {name: (value.flat_values.numpy(), value.row_lengths().numpy())
+               for name, value in parsed.items()}
+        if self._scalar is not None:
+            return out, out[self._scalar][1]
+        name = self.features[0]
+        return out, out[name][1] // self.spec.dimension(name)
+
+    def _raise_bad_record(self, i: int, r0: int, records: list):
+        import tensorflow as tf
+        for r, record in enumerate(records):
+            try:
+                example = tf.train.Example.FromString(record)
+            except Exception:  # protobuf's DecodeError and friends
+                raise DatasetError(f"{self.paths[i]}: record {r0 + r} is not a tf.train.Example "
+                                   f"(corrupt file?)") from None
+            for name in self.features:
+                feature = example.features.feature.get(name)
+                kind = "float_list" if self.spec.dtype(name).kind == "f" else "int64_list"
+                if feature is None or feature.WhichOneof("kind") != kind:
+                    found = "missing" if feature is None else feature.WhichOneof("kind")
+                    raise DatasetError(f"{self.paths[i]}: record {r0 + r}: feature '{name}' "
+                                       f"is {found}, expected {kind}")
+        raise DatasetError(f"{self.paths[i]}: records {r0}..{r0 + len(records) - 1} do not "
+                           f"match the feature spec")
+
+    def _read_file(self, i: int, a: int, b: int) -> dict:
+        starts = self._record_starts[i]
+        r0 = max(int(np.searchsorted(starts, a, side="right")) - 1, 0)
+        r1 = max(int(np.searchsorted(starts, b, side="left")), r0)
+        cached = self._cached  # one snapshot: tf.data reads batches from several threads
+        if cached[0] != (i, r0, r1):  # small batches of a prebatched record share its parse
+            cached = self._cached = ((i, r0, r1), self._rows(i, r0, r1))
+        first, rows = a - int(starts[r0]), b - a
+        return {k: v[first:first + rows] for k, v in cached[1].items()}
+
+    def _rows(self, i: int, r0: int, r1: int) -> dict:
+        """Every row of records [r0, r1) of file i, shapes checked record by record."""
+        parsed, _ = self._parse(i, r0, r1)
+        rows = np.diff(self._record_starts[i][r0:r1 + 1])
         out = {}
         for name in self.features:
-            value = parsed[name]
-            if self.spec.dimension(name) is not None:
-                value = (value.flat_values.numpy(), value.row_lengths().numpy())
+            flat, counts = parsed[name]
+            width = self.spec.dimension(name)
+            if width is None:
+                expected = rows
+            else:  # one row a record: ragged (pad_ragged checks the width); else d per row
+                expected = None if (rows == 1).all() else rows * width
+            if expected is not None and (counts != expected).any():
+                r = int(np.argmax(counts != expected))
+                raise DatasetError(f"{self.paths[i]}: record {r0 + r}: feature '{name}' has "
+                                   f"{counts[r]} values, expected {expected[r]} ({rows[r]} "
+                                   f"row(s) x {width or 1})")
+            if width is None:
+                values = flat
+            elif expected is None:  # one row per record, ragged or fixed
+                values = (flat, counts)
             else:
-                value = value.numpy()
-            out.update(self._to_batch(name, value, self.paths[i], a))
+                values = (flat, np.full(int(rows.sum()), width, np.int64))
+            out.update(self._to_batch(name, values, self.paths[i], int(
+                self._record_starts[i][r0])))
         return out
+
+    def locate(self, row: int) -> str:
+        """'file record r' (and the row within a prebatched record) of a chunk row."""
+        i = int(np.searchsorted(self.file_starts, row, side="right")) - 1
+        local = row - int(self.file_starts[i])
+        starts = self._record_starts[i]
+        r = int(np.searchsorted(starts, local, side="right")) - 1
+        inner = f" row {local - int(starts[r])}" if starts[r + 1] - starts[r] > 1 else ""
+        return f"{self.paths[i]} record {r}{inner}"
 
 
 _CHUNK_READERS = {"parquet": _ParquetChunk, "tfrecord": _TFRecordChunk}
@@ -720,7 +830,9 @@ class ColumnarReader(BatchSource):
 
     def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, rank: int = 0,
                  world_size: int = 1, shuffle: bool = False, seed: int = 0,
-                 drop_last: bool = False, features=None):
+                 drop_last: bool = False, features=None, prebatch=None):
+        """prebatch: rows per TFRecord record (NVIDIA's prebatched SIM data); None: the
+        spec's metadata.prebatch_size, else detected from the first record."""
         if mapping not in spec.source_spec:
             raise DatasetError(f"mapping '{mapping}' not in the feature spec "
                                f"(has {spec.mappings})")
@@ -731,8 +843,11 @@ class ColumnarReader(BatchSource):
                 raise DatasetError(f"mapping '{mapping}': chunk type '{chunk['type']}' is not "
                                    f"columnar; expected one of {list(_CHUNK_READERS)}")
             names = [f for f in chunk["features"] if wanted is None or f in wanted]
-            if names:
-                self.parts.append(_CHUNK_READERS[chunk["type"]](spec, chunk, names))
+            if names and chunk["type"] == "tfrecord":
+                self.parts.append(_TFRecordChunk(spec, chunk, names,
+                                                 prebatch or prebatch_size(spec, mapping)))
+            elif names:
+                self.parts.append(_ParquetChunk(spec, chunk, names))
         super().__init__(batch_size, self._check_rows(), drop_last, rank, world_size,
                          shuffle, seed)
 
@@ -746,6 +861,12 @@ class ColumnarReader(BatchSource):
             raise DatasetError(f"mapping '{self.mapping}': expected {expected} rows, but "
                                f"chunk file(s) {'; '.join(odd)}")
         return expected
+
+    def locate(self, row: int, feature: str) -> str:
+        """Where a row of this mapping's feature lies: 'file record r' (TFRecord) or
+        'file row r' (parquet)."""
+        part = next(p for p in self.parts if feature in p.features)
+        return part.locate(row)
 
     def get(self, index: int) -> dict:
         lo, hi = self.local_rows(index)
@@ -791,15 +912,23 @@ class ColumnarWriter(_StagedWriter):
     metadata.rows and returns the spec."""
 
     def __init__(self, output_dir: str, spec: FeatureSpec, output_format: str,
-                 overwrite: bool = False):
+                 overwrite: bool = False, ids_from_one: bool = False, prebatch=None):
+        """ids_from_one: ids lie in [0, cardinality], 0 the padding (NVIDIA's SIM
+        convention), instead of [0, cardinality). prebatch: {mapping: P} writes P rows per
+        TFRecord record and the last rows (fewer than P) to <mapping>/remainder.tfrecord,
+        as NVIDIA's SIM preprocessing does; recorded in metadata.prebatch_size."""
         if output_format not in COLUMNAR_FORMATS:
             raise DatasetError(f"output format must be one of {list(COLUMNAR_FORMATS)}, found "
                                f"{output_format!r}")
-        self.format, self.spec = output_format, spec.copy()
+        self.prebatch = {m: int(p) for m, p in (prebatch or {}).items() if p}
+        if self.prebatch and output_format != "tfrecord":
+            raise DatasetError(f"prebatching is a TFRecord layout, not {output_format}")
+        self.format, self.spec, self.ids_from_one = output_format, spec.copy(), ids_from_one
         self.features = [f for names in self.spec.channel_spec.values() for f in names or []]
         self._output = StagedDirectory(output_dir, overwrite)
         self.files = {m: [] for m in self.spec.source_spec or (TRAIN_MAPPING, TEST_MAPPING)}
         self.rows = {m: 0 for m in self.files}
+        self._carry = {m: None for m in self.prebatch}  # rows short of a whole record
         self._done = False
 
     def _check(self, columns: dict) -> tuple:
@@ -832,8 +961,11 @@ class ColumnarWriter(_StagedWriter):
 
     def _check_ids(self, name: str, ids: np.ndarray) -> None:
         card = self.spec.feature_spec[name].get("cardinality")
-        if ids.size and isinstance(card, int) and (ids.min() < 0 or ids.max() >= card):
-            raise DatasetError(f"feature '{name}': ids must lie in [0, {card}), found "
+        if not (ids.size and isinstance(card, int)):
+            return
+        top = card + 1 if self.ids_from_one else card
+        if ids.min() < 0 or ids.max() >= top:
+            raise DatasetError(f"feature '{name}': ids must lie in [0, {top}), found "
                                f"[{ids.min()}, {ids.max()}]")
 
     def write(self, mapping: str, columns: dict) -> None:
@@ -843,11 +975,30 @@ class ColumnarWriter(_StagedWriter):
             raise DatasetError(f"mapping '{mapping}' not in the writer's spec "
                                f"({list(self.files)})")
         rows, checked = self._check(columns)
-        name = f"{mapping}/part_{len(self.files[mapping]):05d}.{self.format}"
+        size = self.prebatch.get(mapping)
+        if not size:
+            return self._write_part(mapping, f"part_{len(self.files[mapping]):05d}", rows,
+                                    checked)
+        carry = self._carry[mapping]
+        if carry is not None:
+            checked = {k: _join_rows(carry[1][k], v) for k, v in checked.items()}
+            rows += carry[0]
+        whole = rows - rows % size
+        if whole:
+            self._write_part(mapping, f"part_{len(self.files[mapping]):05d}", whole,
+                             {k: _take_rows(v, 0, whole) for k, v in checked.items()}, size)
+        self._carry[mapping] = (rows - whole, {k: _take_rows(v, whole, rows)
+                                               for k, v in checked.items()})
+
+    def _write_part(self, mapping: str, stem: str, rows: int, checked: dict,
+                    rows_per_record: int = 1) -> None:
+        name = f"{mapping}/{stem}.{self.format}"
         path = os.path.join(self._output.tmp_dir, name)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        (self._write_parquet if self.format == "parquet" else self._write_tfrecord)(
-            path, rows, checked)
+        if self.format == "parquet":
+            self._write_parquet(path, rows, checked)
+        else:
+            self._write_tfrecord(path, rows, checked, rows_per_record)
         self.files[mapping].append(name)
         self.rows[mapping] += rows
 
@@ -864,41 +1015,53 @@ class ColumnarWriter(_StagedWriter):
                 arrays[name] = pa.array(value)
         pq.write_table(pa.table(arrays), path, row_group_size=PARQUET_ROW_GROUP)
 
-    def _write_tfrecord(self, path: str, rows: int, columns: dict) -> None:
+    def _write_tfrecord(self, path: str, rows: int, columns: dict,
+                        rows_per_record: int = 1) -> None:
+        """One tf.train.Example per rows_per_record rows: each feature's values of those
+        rows concatenated (a fixed-length history of d values: rows x d values)."""
         import tensorflow as tf
+        bounds = np.arange(0, rows + rows_per_record, rows_per_record).clip(max=rows)
         lists = {}
         for name, value in columns.items():
-            if isinstance(value, tuple):
-                bounds = np.concatenate([[0], np.cumsum(value[1])])
-                lists[name] = [value[0][a:b].tolist() for a, b in zip(bounds[:-1], bounds[1:])]
-            else:
-                lists[name] = [[v] for v in value.tolist()]
+            flat, lengths = value if isinstance(value, tuple) else (value, np.ones(rows, int))
+            offsets = np.concatenate([[0], np.cumsum(lengths)])[bounds]
+            flat = flat.tolist()
+            lists[name] = [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
         kinds = {name: self.spec.dtype(name).kind == "f" for name in columns}
         with tf.io.TFRecordWriter(path) as out:
-            for row in range(rows):
-                feature = {name: (tf.train.Feature(float_list=tf.train.FloatList(value=v[row]))
-                                  if kinds[name] else
-                                  tf.train.Feature(int64_list=tf.train.Int64List(value=v[row])))
+            for record in range(len(bounds) - 1):
+                feature = {name: (tf.train.Feature(float_list=tf.train.FloatList(
+                                      value=v[record])) if kinds[name] else
+                                  tf.train.Feature(int64_list=tf.train.Int64List(
+                                      value=v[record])))
                            for name, v in lists.items()}
                 out.write(tf.train.Example(features=tf.train.Features(feature=feature))
                           .SerializeToString())
 
     def _finish_files(self) -> None:
+        for mapping, carry in self._carry.items():
+            if carry is not None and carry[0]:
+                self._write_part(mapping, REMAINDER_FILENAME.split(".")[0], carry[0],
+                                 carry[1], carry[0])
         for mapping, files in self.files.items():
             if not files:  # an empty mapping still gets a (row-less) file
-                self.write(mapping, {f: ([] if self.spec.dimension(f) else np.zeros(0))
-                                     for f in self.features})
+                self._write_part(mapping, "part_00000", 0, self._check(
+                    {f: ([] if self.spec.dimension(f) else np.zeros(0))
+                     for f in self.features})[1])
         self.spec.source_spec = {m: [{"type": self.format, "features": list(self.features),
                                       "files": list(files)}]
                                  for m, files in self.files.items()}
         self.spec.metadata = dict(self.spec.metadata, rows=dict(self.rows))
-
+        if self.prebatch:
+            self.spec.metadata[PREBATCH_KEY] = dict(self.prebatch)
 
 
 def write_columns(output_dir: str, spec: FeatureSpec, mappings: dict, output_format: str,
-                  rows_per_file: int = 1_000_000, overwrite: bool = False) -> FeatureSpec:
-    """Write {mapping: columns} in one go, rows_per_file rows per file part."""
-    writer = ColumnarWriter(output_dir, spec, output_format, overwrite)
+                  rows_per_file: int = 1_000_000, overwrite: bool = False,
+                  **options) -> FeatureSpec:
+    """Write {mapping: columns} in one go, rows_per_file rows per file part; options:
+    ColumnarWriter's ids_from_one and prebatch."""
+    writer = ColumnarWriter(output_dir, spec, output_format, overwrite, **options)
     with writer:
         for mapping, columns in mappings.items():
             rows = writer._check(columns)[0]
@@ -906,6 +1069,13 @@ def write_columns(output_dir: str, spec: FeatureSpec, mappings: dict, output_for
                 writer.write(mapping, {name: _take_rows(value, start, start + rows_per_file)
                                        for name, value in columns.items()})
     return writer.spec
+
+
+def _join_rows(first, second):
+    """Rows of `second` after those of `first` (arrays, or (flat values, lengths) pairs)."""
+    if isinstance(first, tuple):
+        return tuple(np.concatenate([a, b]) for a, b in zip(first, second))
+    return np.concatenate([first, second])
 
 
 def _take_rows(value, start: int, stop: int):

@@ -30,10 +30,9 @@ def batch(size: int, seed: int):
     cols = generate(size * 5 // 4 + 5, ITEMS, CATEGORIES, HISTORY, "long", seed)["train"]
     t = {k: tf.constant(v[0][:size] if isinstance(v, tuple) else v[:size]) for k, v in
          cols.items()}
-    lengths = tf.constant(cols["hist_item_id"][1][:size], tf.int32)
-    inputs = {"user": [t["user_id"] % USERS], "target": [t["item_id"], t["cat_id"]],
+    inputs = {"user": [t["user_id"] % USERS + 1], "target": [t["item_id"], t["cat_id"]],
               "positive": [t["hist_item_id"], t["hist_cat_id"]],
-              "negative": [t["neg_hist_item_id"], t["neg_hist_cat_id"]], "length": lengths}
+              "negative": [t["neg_hist_item_id"], t["neg_hist_cat_id"]]}
     return inputs, tf.cast(t["label"], tf.float32)
 
 
@@ -41,7 +40,8 @@ def ours(args, batches):
     from distributed import make_communicator
     from sim.model import SimConfig, SimModel
     from sim.trainer import SimTrainer
-    config = SimConfig((USERS,), (ITEMS, CATEGORIES), HISTORY, long_seq_length=LONG)
+    config = SimConfig((USERS,), (ITEMS, CATEGORIES), HISTORY, long_seq_length=LONG,
+                       model_type=args.model_type)
     trainer = SimTrainer(SimModel(config), make_communicator())
     rows = int(batches[0][1].shape[0])
 
@@ -80,9 +80,10 @@ def keras_variant(args, batches):
     class KerasSim(keras.Model):
         def __init__(self):
             super().__init__()
-            self.user = keras.layers.Embedding(USERS, 16)
-            self.item = keras.layers.Embedding(ITEMS, 16)
-            self.cat = keras.layers.Embedding(CATEGORIES, 16)
+            # ids 1..cardinality, 0 = padding: cardinality + 1 rows
+            self.user = keras.layers.Embedding(USERS + 1, 16)
+            self.item = keras.layers.Embedding(ITEMS + 1, 16)
+            self.cat = keras.layers.Embedding(CATEGORIES + 1, 16)
             self.gru = keras.layers.GRU(32, return_sequences=True)
             self.augru = keras.layers.RNN(AUGRUCell(32))
             self.short_att, self.long_att = mlp([80, 40]), mlp([80, 40])
@@ -97,15 +98,12 @@ def keras_variant(args, batches):
             return tf.squeeze(net(tf.concat([q, keys, q - keys, q * keys], -1)), -1)
 
         def call(self, x):
-            length = x["length"]
-            pos = x["positive"]
-            short_start = length - (HISTORY - LONG)
-            idx = tf.maximum(short_start[:, None] + tf.range(HISTORY - LONG), 0)
-            short = self.embed([tf.gather(p, idx, batch_dims=1) for p in pos])
-            short_neg = self.embed([tf.gather(n, idx, batch_dims=1) for n in x["negative"]])
-            short_mask = short_start[:, None] + tf.range(HISTORY - LONG) >= 0
+            pos = x["positive"]  # left-padded with 0, most recent last
+            short = self.embed([p[:, LONG:] for p in pos])
+            short_neg = self.embed([n[:, LONG:] for n in x["negative"]])
+            short_mask = pos[0][:, LONG:] > 0
             long = self.embed([p[:, :LONG] for p in pos])
-            long_mask = tf.range(LONG)[None] < short_start[:, None]
+            long_mask = pos[0][:, :LONG] > 0
             q = self.embed(x["target"])
             user = self.user(x["user"][0])
             states = self.gru(short, mask=short_mask)
@@ -180,11 +178,17 @@ def main(argv=None):
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--inference_steps", type=int, default=50)
     p.add_argument("--threads", type=int, default=0, help="intra-op threads (0: default)")
+    p.add_argument("--model_type", choices=["sim", "din", "dien"], default="sim",
+                   help="our model; the Keras comparison exists for sim only")
     args = p.parse_args(argv)
     if args.variant:
         print(json.dumps(measure(args)))
         return 0
     results = {}
+    if args.model_type != "sim":  # no Keras twin of DIN / DIEN: our figures alone
+        args.variant = "ours"
+        print(json.dumps(measure(args)))
+        return 0
     for variant in ("ours", "keras"):
         cmd = [sys.executable, os.path.abspath(__file__), "--variant", variant] + \
             [a for a in (argv if argv is not None else sys.argv[1:])]

@@ -1,15 +1,19 @@
-"""From a SIM dataset directory to model inputs: spec checks at the door, readers per rank,
-and the batch dict -> model input mapping."""
+"""From a SIM dataset directory to model inputs: spec checks at the door, readers per rank
+in NVIDIA's SIM convention (sim.schema), and the batch dict -> model input mapping."""
 from __future__ import annotations
 
 import os
 
+import numpy as np
+
+from datasets import DatasetError, length_key
 from feature_spec import FeatureSpec
 from sim.contract import (NEGATIVE_CHANNEL, POSITIVE_CHANNEL, SIM_CONTRACT, TARGET_CHANNEL,
                           USER_CHANNEL)
+from sim.schema import left_padded
 
 
-class SimDataError(ValueError):
+class SimDataError(DatasetError):
     pass
 
 
@@ -30,27 +34,64 @@ def model_shape(spec: FeatureSpec) -> dict:
             "history_length": spec.dimension(positive[0])}
 
 
-def open_mapping(spec: FeatureSpec, mapping: str, batch_size: int, comm, drop_last=False):
-    """This rank's reader of a mapping; an empty mapping is an error naming it."""
+class SimBatches:
+    """A ColumnarReader whose batches follow NVIDIA's SIM convention: every history [b, D]
+    left-padded with 0, most recent last (rows stored shorter than D, left-aligned, are
+    moved right), and every id checked to lie in [0, cardinality] (0: padding); an id out
+    of range is one error naming file, record and feature."""
+
+    def __init__(self, reader, spec: FeatureSpec):
+        self._reader, self.spec = reader, spec
+        self.histories = spec.channel(POSITIVE_CHANNEL) + spec.channel(NEGATIVE_CHANNEL)
+        self.cardinalities = {f: spec.cardinality(f) for c in (USER_CHANNEL, TARGET_CHANNEL,
+                                                               POSITIVE_CHANNEL,
+                                                               NEGATIVE_CHANNEL)
+                              for f in spec.channel(c)}
+
+    def __getattr__(self, name):  # the rest of the reader's interface
+        return getattr(self._reader, name)
+
+    def __len__(self):
+        return len(self._reader)
+
+    def get(self, index: int) -> dict:
+        batch = self._reader.get(index)
+        for name in self.histories:
+            lengths = batch.pop(length_key(name))
+            if (lengths < batch[name].shape[1]).any():
+                batch[name] = left_padded((batch[name], lengths), batch[name].shape[1])
+        first = self._reader.local_rows(index)[0]
+        for name, cardinality in self.cardinalities.items():
+            ids = batch[name]
+            bad = (ids < 0) | (ids > cardinality)
+            if bad.any():
+                row = int(np.argwhere(bad)[0][0])
+                raise SimDataError(
+                    f"{self._reader.locate(first + row, name)}: feature '{name}' has id "
+                    f"{ids[bad][0]}, outside [0, {cardinality}] (ids 1..cardinality, "
+                    f"0 = padding)")
+        return batch
+
+
+def open_mapping(spec: FeatureSpec, mapping: str, batch_size: int, comm, drop_last=False,
+                 prebatch=None) -> SimBatches:
+    """This rank's reader of a mapping; an empty mapping is an error naming it. prebatch:
+    rows per TFRecord record (--prebatch_*_size; 0/None: the spec's, else detected)."""
     from datasets import open_reader
     reader = open_reader(spec, mapping, batch_size, rank=comm.rank, world_size=comm.size,
-                         drop_last=drop_last)
+                         drop_last=drop_last, prebatch=prebatch or None)
     if reader.num_rows == 0 or len(reader) == 0:
         raise SimDataError(f"the '{mapping}' data of {spec.base_directory} has "
                            f"{reader.num_rows} rows, fewer than one batch of {batch_size}")
-    return reader
+    return SimBatches(reader, spec)
 
 
 def model_inputs(spec: FeatureSpec, batch: dict) -> dict:
-    """A DictPipeline element -> SimModel.lookup inputs. The negative history is aligned with
-    the positive one (one negative per behaviour), so the positive length masks both."""
-    from datasets import length_key
-    positive = spec.channel(POSITIVE_CHANNEL)
+    """A DictPipeline element -> SimModel.lookup inputs (masks come from the ids)."""
     return {"user": [batch[f] for f in spec.channel(USER_CHANNEL)],
             "target": [batch[f] for f in spec.channel(TARGET_CHANNEL)],
-            "positive": [batch[f] for f in positive],
-            "negative": [batch[f] for f in spec.channel(NEGATIVE_CHANNEL)],
-            "length": batch[length_key(positive[0])]}
+            "positive": [batch[f] for f in spec.channel(POSITIVE_CHANNEL)],
+            "negative": [batch[f] for f in spec.channel(NEGATIVE_CHANNEL)]}
 
 
 def label(spec: FeatureSpec, batch: dict):

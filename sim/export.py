@@ -1,6 +1,6 @@
 """A SavedModel of a trained SIM/DIEN/DIN: the serving signature takes the raw features of
-the spec (ids; histories [n, d] with their length) and returns click probabilities. Written
-into a staged directory renamed into place."""
+the spec (ids 1..cardinality; histories [n, d] left-padded with 0, most recent last) and
+returns click probabilities. Written into a staged directory renamed into place."""
 from __future__ import annotations
 
 import tensorflow as tf
@@ -12,13 +12,10 @@ class ServingModel(tf.Module):
     def __init__(self, model, spec):
         super().__init__(name="sim_serving")
         self.model, self.spec = model, spec
-        positive = spec.channel(POSITIVE_CHANNEL)
-        self.length_name = positive[0] + "__length"
         signature = {f: tf.TensorSpec([None] if spec.dimension(f) is None
                                       else [None, spec.dimension(f)], tf.int64, name=f)
                      for c in (USER_CHANNEL, TARGET_CHANNEL, POSITIVE_CHANNEL, NEGATIVE_CHANNEL)
                      for f in spec.channel(c)}
-        signature[self.length_name] = tf.TensorSpec([None], tf.int32, name=self.length_name)
         self.serve = tf.function(self._serve, input_signature=[signature])
 
     def _serve(self, features):
@@ -26,8 +23,7 @@ class ServingModel(tf.Module):
         inputs = {"user": [features[f] for f in s.channel(USER_CHANNEL)],
                   "target": [features[f] for f in s.channel(TARGET_CHANNEL)],
                   "positive": [features[f] for f in s.channel(POSITIVE_CHANNEL)],
-                  "negative": [features[f] for f in s.channel(NEGATIVE_CHANNEL)],
-                  "length": features[self.length_name]}
+                  "negative": [features[f] for f in s.channel(NEGATIVE_CHANNEL)]}
         logit, _, _ = self.model.forward(self.model.lookup(inputs))
         return {"probabilities": tf.sigmoid(logit)}
 

@@ -51,6 +51,7 @@ def train(trainer, spec, train_pipe, test_dataset, logger, position: dict, opts)
     progress = Progress(total, opts.global_batch_size)
     step, metrics, timed = position["step"], None, []
     for epoch in range(position["epoch"], opts.epochs):
+        rows = 0  # training rows of the epoch (all ranks), logged with its evaluation
         for batch in _train_batches(train_pipe, epoch, opts.repeat_count,
                                     opts.max_batches_per_epoch):
             if step >= total:
@@ -59,6 +60,7 @@ def train(trainer, spec, train_pipe, test_dataset, logger, position: dict, opts)
             loss = trainer.train_step(model_inputs(spec, batch), batch_label(spec, batch),
                                       batch[DictPipeline.GLOBAL_ROWS], step)
             timed.append((time.perf_counter() - start, int(batch[DictPipeline.GLOBAL_ROWS])))
+            rows += timed[-1][1]
             step += 1
             progress.step_done()
             if step % opts.print_freq == 0 or step == total:
@@ -69,6 +71,8 @@ def train(trainer, spec, train_pipe, test_dataset, logger, position: dict, opts)
         if opts.benchmark and step >= total:
             break
         metrics = evaluate(trainer, spec, test_dataset)
+        if metrics:
+            metrics["train_samples"] = rows
         logger.log((epoch, step), metrics)
         if metrics:
             logger.print(f"epoch {epoch}: test auc {metrics['auc']:.6f}  test_loss "

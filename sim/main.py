@@ -13,19 +13,21 @@ import runtime
 
 runtime.configure()  # before anything imports TensorFlow
 
+import numpy as np  # noqa: E402
 from absl import app, flags  # noqa: E402
 
 F = flags.FLAGS
 flags.DEFINE_enum("mode", "train", ["train", "inference"], "train, or benchmark inference "
                   "(of --load_checkpoint_path when given, else of a random model)")
 flags.DEFINE_enum("model_type", "sim", ["sim", "dien", "din"], "sim: long + short history; "
-                  "dien / din: the short history only")
+                  "dien: the short history; din: the whole history")
 flags.DEFINE_string("dataset_dir", None, "Directory of the TFRecord dataset")
 flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Spec, relative to --dataset_dir")
 flags.DEFINE_integer("global_batch_size", 131072, "Batch size over all processes", lower_bound=1)
 flags.DEFINE_integer("epochs", 3, "Passes over the training data", lower_bound=0)
 flags.DEFINE_float("lr", 0.01, "Learning rate")
-flags.DEFINE_enum("optimizer", "adam", ["adam", "sgd"], "adam (lazy rows for tables) or sgd")
+flags.DEFINE_enum("optimizer", "adam", ["adam", "lazy_adam", "sgd"], "adam (lazy rows for "
+                  "tables; lazy_adam: the same) or sgd")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (adam)")
 flags.DEFINE_float("dropout_rate", -1.0, "Dropout on the stage-two MLP input; -1: off")
 flags.DEFINE_bool("amp", False, "bfloat16 (CPU) / float16 (GPU) compute; tables stay float32")
@@ -33,9 +35,22 @@ flags.DEFINE_bool("xla", False, "JIT-compile everything after the lookups with X
 flags.DEFINE_bool("drop_remainder", False, "Drop the last partial training batch")
 flags.DEFINE_bool("disable_cache", False, "Re-read the test data at every evaluation "
                   "instead of keeping it in memory")
-flags.DEFINE_integer("repeat_count", 1, "Passes over the training data per epoch", lower_bound=1)
-flags.DEFINE_integer("prefetch_train_size", 2, "Training batches prepared ahead", lower_bound=0)
-flags.DEFINE_integer("prefetch_test_size", 2, "Test batches prepared ahead", lower_bound=0)
+flags.DEFINE_integer("repeat_count", 0, "Passes over the training data per epoch (0 or 1: "
+                     "one)", lower_bound=0)
+flags.DEFINE_integer("prefetch_train_size", -1, "Training batches prepared ahead (-1: "
+                     "autotune)", lower_bound=-1)
+flags.DEFINE_integer("prefetch_test_size", -1, "Test batches prepared ahead (-1: autotune)",
+                     lower_bound=-1)
+flags.DEFINE_integer("prebatch_train_size", 0, "Rows per TFRecord record of the training data "
+                     "(NVIDIA's prebatched files; 0: the spec's metadata.prebatch_size, else "
+                     "detected from the first record)", lower_bound=0)
+flags.DEFINE_integer("prebatch_test_size", 0, "The same for the test data", lower_bound=0)
+flags.DEFINE_integer("num_parallel_calls", None, "Batches read in parallel (default: "
+                     "autotuned by tf.data)", lower_bound=1)
+flags.DEFINE_enum("affinity", "socket_unique_interleaved",
+                  ["socket", "single", "single_unique", "socket_unique_interleaved",
+                   "socket_unique_continuous", "disabled"],
+                  "GPU-to-CPU affinity of NVIDIA's launcher; accepted, not applied (see README)")
 flags.DEFINE_integer("train_dataset_size", 0, "Train on the first batches covering this many "
                      "rows per epoch (0: all)", lower_bound=0)
 flags.DEFINE_integer("long_seq_length", 90, "Older behaviours in the long part (SIM)",
@@ -58,8 +73,8 @@ flags.DEFINE_integer("inter_op_parallelism", 0, "TensorFlow inter-op threads (0:
                      lower_bound=0)
 flags.DEFINE_integer("intra_op_parallelism", 0, "TensorFlow intra-op threads (0: default)",
                      lower_bound=0)
-flags.DEFINE_integer("seed", 0, "Seed of initialisation and dropout (runs are bit-identical "
-                     "on CPU)")
+flags.DEFINE_integer("seed", -1, "Seed of initialisation and dropout (runs with the same seed "
+                     "are bit-identical on CPU); -1: a random seed, logged", lower_bound=-1)
 flags.DEFINE_integer("print_freq", 10, "Progress line every this many steps", lower_bound=1)
 flags.DEFINE_bool("cpu", False, "Hide GPUs")
 flags.mark_flag_as_required("dataset_dir")
@@ -75,6 +90,13 @@ def configure_tensorflow():
     tf.config.experimental.enable_op_determinism()
 
 
+def resolve_seed() -> int:
+    """--seed -1: a random seed (rank 0's, for every rank), to be logged with the flags."""
+    if F.seed < 0:
+        F.seed = int(np.random.SeedSequence().entropy % (2 ** 31))
+    return F.seed
+
+
 def build(spec, comm):
     from sim.data import model_shape
     from sim.model import SimConfig, SimModel
@@ -85,7 +107,8 @@ def build(spec, comm):
                        stage_two_mlp_dims=_ints(F.stage_two_mlp_dims),
                        aux_mlp_dims=_ints(F.aux_mlp_dims), gsu_top_k=F.gsu_top_k,
                        dropout_rate=F.dropout_rate, seed=F.seed)
-    trainer = SimTrainer(SimModel(config), comm, F.optimizer, F.lr, F.weight_decay, F.amp,
+    optimizer = "adam" if F.optimizer == "lazy_adam" else F.optimizer
+    trainer = SimTrainer(SimModel(config), comm, optimizer, F.lr, F.weight_decay, F.amp,
                          F.xla, F.seed)
     comm.broadcast_variables(list(trainer.variables().values()))
     return trainer
@@ -96,15 +119,19 @@ def _ints(values):
 
 
 def pipelines(spec, comm):
+    import tensorflow as tf
+
     from dataloader import DictPipeline
     from sim.data import open_mapping
-    train = open_mapping(spec, "train", F.global_batch_size, comm, F.drop_remainder)
-    labels = (spec.label_feature,)
-    test = DictPipeline(open_mapping(spec, "test", F.global_batch_size, comm), labels,
-                        F.prefetch_test_size).epoch()
+    train = open_mapping(spec, "train", F.global_batch_size, comm, F.drop_remainder,
+                         F.prebatch_train_size)
+    test = open_mapping(spec, "test", F.global_batch_size, comm,
+                        prebatch=F.prebatch_test_size)
+    labels, parallel = (spec.label_feature,), F.num_parallel_calls or tf.data.AUTOTUNE
+    test = DictPipeline(test, labels, F.prefetch_test_size, parallel).epoch()
     if not F.disable_cache:
         test = test.cache()
-    return DictPipeline(train, labels, F.prefetch_train_size), test
+    return DictPipeline(train, labels, F.prefetch_train_size, parallel), test
 
 
 def run(spec, comm, logger):
@@ -119,7 +146,7 @@ def run(spec, comm, logger):
                                          F.benchmark_steps)
     batches = -(-F.train_dataset_size // F.global_batch_size) if F.train_dataset_size else 0
     opts = SimpleNamespace(epochs=F.epochs, global_batch_size=F.global_batch_size,
-                           repeat_count=F.repeat_count, max_batches_per_epoch=batches,
+                           repeat_count=max(F.repeat_count, 1), max_batches_per_epoch=batches,
                            print_freq=F.print_freq, benchmark=F.benchmark,
                            benchmark_warmup_steps=F.benchmark_warmup_steps,
                            benchmark_steps=F.benchmark_steps)
@@ -145,11 +172,12 @@ def main(argv):
 
 
 def train_or_infer():
-    configure_tensorflow()
     from distributed import make_communicator
     from dllog import DLLogger
     from sim.data import load_spec
     comm = make_communicator(F.cpu)  # --cpu: hides the GPUs before TensorFlow starts
+    F.seed = int(comm.broadcast_from_root(np.int64(resolve_seed())))
+    configure_tensorflow()
     log_path = os.path.join(F.results_dir, F.log_filename)
     logger = DLLogger(log_path, enabled=comm.rank == 0)
     logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})

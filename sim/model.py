@@ -1,17 +1,21 @@
 """DIN, DIEN and SIM over one user's behaviour history.
 
-Histories are stored oldest first, left-aligned, padded after each row's `length`. With
-history width D and --long_seq_length L, a row's most recent D-L behaviours are its short
-part and the ones before them (at most L) its long part. DIN and DIEN read the short part
-only; SIM reads both:
+Histories follow NVIDIA's convention: D ids per row, left-padded with 0 (padding), most
+recent last; a behaviour is real where its first item feature's id is > 0. With
+--long_seq_length L, the first L positions are the long part and the last D-L the short
+part, as in the reference. Each model reads what the reference's does:
 
-  GSU (soft search): every long behaviour is scored against the target by an MLP; the
-      softmax of the scores pools the long part into a vector with its own logit and loss
-      (the GSU head); the gsu_top_k best-scored behaviours are the selection.
-  ESU: DIN attention of the target over the selection + DIEN over the short part.
+  DIN:  attention of the target over the whole history (long + short, masked).
+  DIEN: GRU + AUGRU over the short part (auxiliary loss from the negative history).
+  SIM:  DIEN over the short part, plus a search over the long part:
+        GSU (soft search): every long behaviour is scored against the target by an MLP; the
+        softmax of the scores pools the long part into a vector with its own logit and loss
+        (the GSU head); the gsu_top_k best-scored behaviours are the selection.
+        ESU: DIN attention of the target over the selection.
 
 An item (target or behaviour) is the concatenation of its features' embeddings (item id,
-category id, ...); feature i of the target and of both histories shares table i.
+category id, ...); feature i of the target and of both histories shares table i, of
+cardinality + 1 rows (ids 1..cardinality, row 0 the padding).
 """
 from __future__ import annotations
 
@@ -78,10 +82,12 @@ class SimModel(tf.Module):
         dim, seed = c.embedding_dim, c.seed
         item_width = dim * len(c.item_cardinalities)
         with self.name_scope:
-            self.user_tables = [self._table(n, t, f"user_table_{t}")
+            self.user_tables = [self._table(n + 1, t, f"user_table_{t}")
                                 for t, n in enumerate(c.user_cardinalities)]
-            self.item_tables = [self._table(n, 100 + t, f"item_table_{t}")
+            self.item_tables = [self._table(n + 1, 100 + t, f"item_table_{t}")
                                 for t, n in enumerate(c.item_cardinalities)]
+            # DIEN/SIM: over the short part; DIN: over the whole history (name kept for
+            # checkpoints)
             self.short_attention = layers.AttentionUnit(item_width, c.attention_mlp_dims, seed,
                                                         1000, "short_attention")
             if c.model_type != "din":
@@ -129,18 +135,9 @@ class SimModel(tf.Module):
 
     # ---- lookups: ids -> embedded tensors (the part whose gradients are sparse) ----
 
-    def split_history(self, ids, length):
-        """ids [B, D] (oldest first), length [B] -> (long ids [B, L], long mask, short ids
-        [B, S] oldest first, short mask). Short rows with fewer than S behaviours are padded
-        at the front, so the short part always ends with the most recent behaviour."""
-        long_len, short_len = self.config.long_seq_length, self.config.short_length
-        length = tf.cast(length, tf.int32)
-        positions = length[:, None] - short_len + tf.range(short_len)[None, :]
-        short_mask = tf.cast(positions >= 0, tf.float32)
-        short = tf.gather(ids, tf.maximum(positions, 0), batch_dims=1)
-        long_mask = tf.cast(tf.range(long_len)[None, :] < (length - short_len)[:, None],
-                            tf.float32)
-        return ids[:, :long_len], long_mask, short, short_mask
+    def split_history(self, ids):
+        """ids [B, D] -> (long ids [B, L], short ids [B, D-L]) at the fixed split point."""
+        return ids[:, :self.config.long_seq_length], ids[:, self.config.long_seq_length:]
 
     def _item(self, ids_per_feature):
         return tf.concat([tf.nn.embedding_lookup(table, ids)
@@ -148,19 +145,25 @@ class SimModel(tf.Module):
 
     def lookup(self, inputs: dict) -> dict:
         """inputs: 'user' [ids [B]], 'target' [ids [B]], 'positive' / 'negative' [ids [B, D]]
-        per item feature, 'length' [B]. Returns the embedded tensors and masks that forward()
-        reads; only the parts this model type uses are looked up."""
-        parts = [self.split_history(ids, inputs["length"]) for ids in inputs["positive"]]
+        per item feature. Returns the embedded tensors and masks (id > 0 of the first
+        positive feature) that forward() reads; only the parts this model type uses."""
+        c = self.config
+        mask = tf.cast(inputs["positive"][0] > 0, tf.float32)
         out = {"user": tf.concat([tf.nn.embedding_lookup(t, ids) for t, ids in
                                   zip(self.user_tables, inputs["user"])], axis=-1),
-               "target": self._item(inputs["target"]),
-               "short": self._item([p[2] for p in parts]), "short_mask": parts[0][3]}
-        if self.config.model_type != "din":
-            out["short_negative"] = self._item([self.split_history(ids, inputs["length"])[2]
-                                                for ids in inputs["negative"]])
-        if self.config.model_type == "sim":
+               "target": self._item(inputs["target"])}
+        if c.model_type == "din":
+            out["history"] = self._item(inputs["positive"])
+            out["history_mask"] = mask
+            return out
+        parts = [self.split_history(ids) for ids in inputs["positive"]]
+        out["short"] = self._item([p[1] for p in parts])
+        out["short_mask"] = mask[:, c.long_seq_length:]
+        out["short_negative"] = self._item([self.split_history(ids)[1]
+                                            for ids in inputs["negative"]])
+        if c.model_type == "sim":
             out["long"] = self._item([p[0] for p in parts])
-            out["long_mask"] = parts[0][1]
+            out["long_mask"] = mask[:, :c.long_seq_length]
         return out
 
     # ---- everything after the lookups ----
@@ -173,9 +176,9 @@ class SimModel(tf.Module):
         user, target = e["user"], e["target"]
         pooled, gsu_logit, aux = [], None, None
         if c.model_type == "din":
-            short, _ = layers.attention_pool(self.short_attention, target, e["short"],
-                                             e["short_mask"], compute_dtype)
-            pooled.append(short)
+            history, _ = layers.attention_pool(self.short_attention, target, e["history"],
+                                               e["history_mask"], compute_dtype)
+            pooled.append(history)
         else:
             interest, aux = self._dien(e, compute_dtype)
             pooled.append(interest)

@@ -1,9 +1,11 @@
 """The SIM data layout written by sim.synthetic and sim.preproc: feature names, the spec,
 and the column arrays the core ColumnarWriter takes.
 
-Histories are stored oldest first, left-aligned; values after a row's length are padding.
-Feature i of the target item, the positive history and the negative history share an
-embedding table (item id, then category id).
+NVIDIA's SIM convention, which its tools read and write: ids run 1..cardinality and 0 is
+padding (tables have cardinality + 1 rows, masks are id > 0); every history has the spec's
+fixed length, left-padded with 0, most recent behaviour last. Feature i of the target item,
+the positive history and the negative history share an embedding table (item id, then
+category id).
 """
 from __future__ import annotations
 
@@ -40,15 +42,33 @@ def sim_spec(users: int, items: int, categories: int, history_length: int,
                        metadata=dict(metadata or {}))
 
 
-def columns(user, item, category, hist_item, hist_cat, neg_item, neg_cat, lengths,
-            label) -> dict:
-    """Column dict for ColumnarWriter.write: scalars [n]; histories as (values [n, d],
-    lengths [n]) with zeros after each length."""
-    lengths = np.asarray(lengths, np.int64)
-    valid = np.arange(np.shape(hist_item)[1])[None, :] < lengths[:, None]
+def left_padded(histories, width: int) -> np.ndarray:
+    """Histories (oldest first) -> [n, width] left-padded with 0, most recent last. Accepts
+    per-row sequences or a (left-aligned values [n, d], lengths [n]) pair."""
+    if isinstance(histories, tuple):
+        values, lengths = np.asarray(histories[0], np.int64), np.asarray(histories[1], np.int64)
+    else:
+        lengths = np.array([len(h) for h in histories], np.int64)
+        values = np.zeros((lengths.size, width), np.int64)
+        values[np.arange(width)[None, :] < lengths[:, None]] = np.concatenate(
+            [np.asarray(h, np.int64).reshape(-1) for h in histories] + [np.zeros(0, np.int64)])
+    if lengths.size and lengths.max() > width:
+        raise ValueError(f"a history has {lengths.max()} behaviours, more than {width}")
+    # position p of the output holds behaviour p - (width - length) of the row
+    source = np.arange(width)[None, :] - (width - lengths)[:, None]
+    out = np.take_along_axis(values, np.maximum(source, 0), axis=1) if values.size else \
+        np.zeros((lengths.size, width), np.int64)
+    return np.where(source >= 0, out, 0)
 
-    def seq(values):
-        return np.where(valid, values, 0).astype(np.int64), lengths
+
+def columns(user, item, category, hist_item, hist_cat, neg_item, neg_cat, label,
+            history_length: int) -> dict:
+    """Column dict for ColumnarWriter.write (ids 1..cardinality): scalars [n]; histories
+    as per-row sequences or (left-aligned values, lengths), written left-padded to
+    history_length."""
+    def seq(histories):
+        padded = left_padded(histories, history_length)
+        return padded, np.full(padded.shape[0], history_length, np.int64)
 
     return {USER: np.asarray(user, np.int64), ITEM: np.asarray(item, np.int64),
             CATEGORY: np.asarray(category, np.int64),

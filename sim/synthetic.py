@@ -2,6 +2,7 @@
 
   python -m sim.synthetic --dst DIR [--users N] [--items M] [--categories K]
       [--history_length L] [--signal {long,short,none}] [--seed S]
+      [--prebatch_train_size P] [--prebatch_test_size P]
 
 The signal: user u has a preferred category p_u. Item i has category i % K. A row is one
 user with a history of `length` behaviours (between 3/4 of L and L) and a target item whose
@@ -12,7 +13,9 @@ target's category is p_u and 0.1 otherwise, so a model must find p_u in the hist
          are from p_u; the most recent ones are uniform.
   short: only the most recent L - 90 behaviours carry p_u (the older ones are uniform).
   none:  histories uniform, labels fair coins independent of everything.
-A model limited to the recent behaviours (DIN, DIEN) can learn `short` but not `long`.
+A model limited to the recent behaviours (DIEN) can learn `short` but not `long`; DIN and
+SIM read the older behaviours too. Ids follow NVIDIA's convention (1..cardinality, histories
+left-padded with 0, see sim.schema).
 Test users are disjoint from training users (the last fifth), so no user-id embedding
 can memorise p_u: the signal can only come from the history. Negative histories are uniform
 random items (for DIEN's auxiliary loss).
@@ -68,8 +71,11 @@ def generate(users: int, items: int, categories: int, history_length: int, signa
     if signal == "none":
         click = np.full(users, 0.5)
     label = rng.random(users) < click
-    cols = schema.columns(np.arange(users), target_item, target_cat, hist_item, hist_cat,
-                          neg_item, neg_item % categories, lengths, label)
+    # ids 1..cardinality (0 is padding): shift the 0-based draws by one
+    cols = schema.columns(np.arange(users) + 1, target_item + 1, target_cat + 1,
+                          (hist_item + 1, lengths), (hist_cat + 1, lengths),
+                          (neg_item + 1, lengths), (neg_item % categories + 1, lengths), label,
+                          history_length)
     test_start = users - users // 5
     return {mapping: {name: _rows(col, rows) for name, col in cols.items()}
             for mapping, rows in (("train", slice(0, test_start)),
@@ -83,12 +89,14 @@ def _rows(column, rows):
 
 
 def write(dst: str, users=4000, items=1000, categories=20, history_length=100, signal="long",
-          seed=0, overwrite=False):
+          seed=0, overwrite=False, prebatch=None):
+    """prebatch: {mapping: rows per record} (NVIDIA's prebatched layout) or None."""
     from datasets import write_columns
     data = generate(users, items, categories, history_length, signal, seed)
     spec = schema.sim_spec(users, items, categories, history_length,
                            {"generator": "sim.synthetic", "signal": signal, "seed": seed})
-    return write_columns(dst, spec, data, "tfrecord", overwrite=overwrite)
+    return write_columns(dst, spec, data, "tfrecord", overwrite=overwrite, ids_from_one=True,
+                         prebatch=prebatch)
 
 
 def main(argv=None):
@@ -101,12 +109,16 @@ def main(argv=None):
     p.add_argument("--history_length", type=int, default=100)
     p.add_argument("--signal", choices=SIGNALS, default="long")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--prebatch_train_size", type=int, default=0,
+                   help="rows per TFRecord record of train (0: one row per record)")
+    p.add_argument("--prebatch_test_size", type=int, default=0, help="the same for test")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --dst")
     a = p.parse_args(argv)
 
     def work():
         spec = write(a.dst, a.users, a.items, a.categories, a.history_length, a.signal, a.seed,
-                     a.overwrite)
+                     a.overwrite, {"train": a.prebatch_train_size,
+                                   "test": a.prebatch_test_size})
         return f"wrote {a.dst}: {spec.metadata.get('rows')} rows, signal {a.signal}"
     return run_cli(work)
 

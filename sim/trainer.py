@@ -4,7 +4,9 @@ The lookups run under an outer tape; everything after them (`_dense_step`, which
 compiles) returns the dense gradients and the gradients of the looked-up rows, which the
 outer tape turns into sparse (IndexedSlices) table gradients. Gradients are summed over
 ranks (tables: rows gathered, never densified); each rank's loss is the sum over its rows
-divided by the global batch, so N ranks make the same update as one.
+divided by the global batch, so N ranks make the same update as one. Float16 compute
+(--amp on a GPU) scales the loss dynamically (the core's loss_scale): a step whose summed
+gradients are not finite is skipped and the scale halved.
 """
 from __future__ import annotations
 
@@ -12,10 +14,11 @@ import numpy as np
 import tensorflow as tf
 
 from data_parallel import sum_gradients
+from loss_scale import make_loss_scale
 from optimizers import SGD, AdamW
 
 # the embedded tensors that depend on tables (the rest of lookup()'s output are masks)
-EMBEDDED = ("user", "target", "short", "short_negative", "long")
+EMBEDDED = ("user", "target", "history", "short", "short_negative", "long")
 
 
 class TrainingDivergedError(RuntimeError):
@@ -32,14 +35,13 @@ def make_optimizer(name: str, variables: dict, weight_decay: float):
 
 
 def input_signature(config) -> dict:
-    """TensorSpecs of SimModel.lookup's inputs (ids int64, lengths int32, any batch size)."""
+    """TensorSpecs of SimModel.lookup's inputs (ids int64, any batch size)."""
     def ids(count, shape):
         return [tf.TensorSpec(shape, tf.int64) for _ in range(count)]
 
     items, history = len(config.item_cardinalities), [None, config.history_length]
     return {"user": ids(len(config.user_cardinalities), [None]), "target": ids(items, [None]),
-            "positive": ids(items, history), "negative": ids(items, history),
-            "length": tf.TensorSpec([None], tf.int32)}
+            "positive": ids(items, history), "negative": ids(items, history)}
 
 
 class SimTrainer:
@@ -51,6 +53,7 @@ class SimTrainer:
         self.dense = model.dense_variables()
         self.tables = model.tables()
         self.optimizer = make_optimizer(optimizer, {**self.dense, **self.tables}, weight_decay)
+        self.loss_scale = make_loss_scale(self.compute_dtype)
         self._dense_fn = tf.function(self._dense_step, jit_compile=True) if xla \
             else self._dense_step
         # One trace for every batch size (the last batch of an epoch is usually smaller).
@@ -64,7 +67,7 @@ class SimTrainer:
         return {**{f"dense/{k}": v for k, v in self.dense.items()},
                 **{f"table/{k}": v for k, v in self.tables.items()}}
 
-    def _dense_step(self, embedded, label, global_rows, dropout_seed):
+    def _dense_step(self, embedded, label, global_rows, dropout_seed, scale):
         names = [k for k in EMBEDDED if k in embedded]
         with tf.GradientTape() as tape:
             tape.watch([embedded[k] for k in names])
@@ -77,7 +80,8 @@ class SimTrainer:
             if aux is not None:
                 per_row += aux
             loss = tf.reduce_sum(per_row) / tf.cast(global_rows, tf.float32)
-        grads = tape.gradient(loss, list(self.dense.values()) + [embedded[k] for k in names])
+            scaled = loss * scale if self.loss_scale.needed else loss
+        grads = tape.gradient(scaled, list(self.dense.values()) + [embedded[k] for k in names])
         return loss, grads[:len(self.dense)], grads[len(self.dense):]
 
     def _train_step(self, inputs, label, global_rows, step):
@@ -85,18 +89,32 @@ class SimTrainer:
             embedded = self.model.lookup(inputs)
         names = [k for k in EMBEDDED if k in embedded]
         seed = tf.stack([tf.constant(self.seed, tf.int64), tf.cast(step, tf.int64)])
-        loss, dense_grads, embedded_grads = self._dense_fn(embedded, label, global_rows, seed)
+        scale = self.loss_scale.scale
+        loss, dense_grads, embedded_grads = self._dense_fn(embedded, label, global_rows, seed,
+                                                           scale)
         tables = list(self.tables.values())
         table_grads = tape.gradient([embedded[k] for k in names], tables,
                                     output_gradients=embedded_grads)
         grads = sum_gradients(self.comm, list(dense_grads) + list(table_grads))
+        if self.loss_scale.dynamic:  # float16: the only scale make_loss_scale gives here
+            grads = [tf.IndexedSlices(g.values / scale, g.indices, g.dense_shape)
+                     if isinstance(g, tf.IndexedSlices) else g / scale for g in grads]
+            # summed gradients are the same on every rank, so every rank decides alike
+            finite = tf.reduce_all([tf.reduce_all(tf.math.is_finite(
+                g.values if isinstance(g, tf.IndexedSlices) else g)) for g in grads])
+            tf.cond(finite, lambda: self._apply(grads), lambda: None)
+            self.loss_scale.update(finite)
+        else:
+            self._apply(grads)
+        return self.comm.allreduce_sum(loss)
+
+    def _apply(self, grads):
         lr = tf.constant(self.lr, tf.float32)
         for var, grad in zip(self.dense.values(), grads[:len(self.dense)]):
             self.optimizer.apply_dense(var, grad, lr)
-        for var, grad in zip(tables, grads[len(self.dense):]):
+        for var, grad in zip(self.tables.values(), grads[len(self.dense):]):
             self.optimizer.apply_sparse(var, grad, lr)
         self.optimizer.finish_step()
-        return self.comm.allreduce_sum(loss)
 
     def _predict_step(self, inputs):
         logit, _, _ = self.model.forward(self.model.lookup(inputs), self.compute_dtype)

@@ -78,7 +78,8 @@ def test_empty_test_set(tmp_path, capsys):
     data = generate(50, 40, 4, 100, "long", 0)
     data["test"] = {k: (tuple(p[:0] for p in v) if isinstance(v, tuple) else v[:0])
                     for k, v in data["test"].items()}
-    write_columns(str(tmp_path / "d"), schema.sim_spec(50, 40, 4, 100), data, "tfrecord")
+    write_columns(str(tmp_path / "d"), schema.sim_spec(50, 40, 4, 100), data, "tfrecord",
+                  ids_from_one=True)
     line = one_line_error(capsys, ["--dataset_dir", str(tmp_path / "d"),
                                    "--results_dir", str(tmp_path)])
     assert "'test'" in line and "0 rows" in line

@@ -46,14 +46,18 @@ def generated_raw(directory):
 
 
 def pandas_reference(reviews, category_of_asin, min_interactions):
-    """Kept users, id maps and per-user item sequences, computed without Spark."""
+    """Kept users, id maps and per-user item sequences, computed without Spark. Ids run
+    1..cardinality (0 is padding); the unknown category is the last one; item_cat is
+    indexed by item id (entry 0 unused)."""
     counts = reviews.groupby("reviewerID").size()
     kept = reviews[reviews.reviewerID.isin(counts[counts >= min_interactions].index)]
-    user_id = {u: i for i, u in enumerate(sorted(kept.reviewerID.unique()))}
-    item_id = {a: i for i, a in enumerate(sorted(kept.asin.unique()))}
+    user_id = {u: i + 1 for i, u in enumerate(sorted(kept.reviewerID.unique()))}
+    item_id = {a: i + 1 for i, a in enumerate(sorted(kept.asin.unique()))}
     names = sorted({category_of_asin[a] for a in item_id if a in category_of_asin})
     cat_id = {c: i + 1 for i, c in enumerate(names)}
-    item_cat = np.array([cat_id.get(category_of_asin.get(a), 0) for a in sorted(item_id)])
+    unknown = len(names) + 1
+    item_cat = np.array([0] + [cat_id.get(category_of_asin.get(a), unknown)
+                               for a in sorted(item_id)])
     sequences = {}
     for user, group in kept.groupby("reviewerID"):
         ordered = group.sort_values(["unixReviewTime", "asin"])
@@ -75,7 +79,7 @@ def check_against_reference(rows, sequences, item_cat):
         if label == 1:
             assert item == seq[k]
         else:
-            assert item != seq[k] and 0 <= item < len(item_cat)
+            assert item != seq[k] and 1 <= item < len(item_cat)
         assert len(neg) == len(hist) and all(n != h for n, h in zip(neg, hist))
         assert neg_cat == [item_cat[i] for i in neg]
     return rows
@@ -89,7 +93,7 @@ def test_generated_reviews_match_pandas(spark, tmp_path):
     sequences, item_cat, num_categories = pandas_reference(reviews, categories, 5)
     assert len(sequences) == 8  # users with 5..12 reviews
     assert spec.cardinality("user_id") == 8
-    assert spec.cardinality("item_id") == len(item_cat)
+    assert spec.cardinality("item_id") == len(item_cat) - 1
     assert spec.cardinality("cat_id") == num_categories == 4  # unknown + Leaf0..2
     check_against_reference(rows.cache().collect(), sequences, item_cat)
     check_written_dataset(spec, rows, str(tmp_path / "out"), sequences, item_cat)
@@ -98,8 +102,8 @@ def test_generated_reviews_match_pandas(spark, tmp_path):
 def check_written_dataset(spec, rows, out, sequences, item_cat):
     """What the writer makes of the rows is a SIM dataset: spec valid for the SIM contract,
     test rows = each kept user's last interaction (positive then negative), histories as in
-    pandas."""
-    from datasets import length_key, open_reader
+    pandas, left-padded with 0 to the spec's length (NVIDIA's layout)."""
+    from datasets import open_reader
     from sim.data import load_spec
     from sim.preproc.prepare_dataset import write
     write(spec, rows, out)
@@ -114,19 +118,19 @@ def check_written_dataset(spec, rows, out, sequences, item_cat):
         seq = sequences[user]
         history = seq[-1 - HISTORY:-1]
         assert test["item_id"][2 * row] == seq[-1]
-        assert test[length_key("hist_item_id")][2 * row] == len(history)
-        assert list(test["hist_item_id"][2 * row][:len(history)]) == history
-        assert list(test["hist_cat_id"][2 * row][:len(history)]) == list(item_cat[history])
+        padding = [0] * (HISTORY - len(history))
+        assert list(test["hist_item_id"][2 * row]) == padding + history
+        assert list(test["hist_cat_id"][2 * row]) == padding + list(item_cat[history])
 
 
 def test_negatives_follow_the_seed():
     """Negatives come from a generator seeded by (seed, user) alone, so Spark's partitioning
     cannot change them."""
     from sim.preproc.examples import user_examples
-    categories = np.arange(50) % 7
-    draws = {seed: [row[3] for _, row in user_examples(1, range(30), categories, 5, seed)]
+    categories = np.arange(51) % 7 + 1
+    draws = {seed: [row[3] for _, row in user_examples(1, range(1, 31), categories, 5, seed)]
              for seed in (0, 0, 1)}
-    assert draws[0] == [row[3] for _, row in user_examples(1, range(30), categories, 5, 0)]
+    assert draws[0] == [row[3] for _, row in user_examples(1, range(1, 31), categories, 5, 0)]
     assert draws[0] != draws[1]
 
 
@@ -143,5 +147,6 @@ def test_real_rows_and_thresholds(spark, tmp_path):
     sequences, item_cat, num_categories = pandas_reference(reviews, categories, 1)
     assert spec.cardinality("user_id") == reviews.reviewerID.nunique() == len(sequences)
     assert spec.cardinality("cat_id") == num_categories
-    assert 0 < (item_cat > 0).sum() < len(item_cat)  # unknown-category items are kept, id 0
+    known = item_cat[1:] < num_categories  # unknown-category items are kept, the last id
+    assert 0 < known.sum() < len(item_cat) - 1
     check_against_reference(rows.collect(), sequences, item_cat)

@@ -11,7 +11,8 @@ import pytest
 from conftest import ROOT, drop_cli_flags, require_or_skip
 
 SMALL = ["--cpu", "--global_batch_size", "128", "--stage_one_mlp_dims", "32",
-         "--stage_two_mlp_dims", "32,16", "--aux_mlp_dims", "16", "--print_freq", "1000"]
+         "--stage_two_mlp_dims", "32,16", "--aux_mlp_dims", "16", "--print_freq", "1000",
+         "--seed", "0"]
 
 
 def synthetic(directory, signal, users, seed=0):
@@ -53,8 +54,10 @@ def step_losses(records):
             if isinstance(r["step"], list) and len(r["step"]) == 2 and "loss" in r["data"]]
 
 
-@pytest.mark.parametrize("model_type", ["din", "dien", "sim"])
-def test_short_signal_learned_by_every_model(data, tmp_path, model_type):
+@pytest.mark.parametrize("model_type", ["dien", "sim"])
+def test_short_signal_learned_by_the_short_part(data, tmp_path, model_type):
+    """DIEN and SIM read the recent behaviours on their own (DIN attends over all ~90, where
+    this signal is 5 of them; it learns the long signal, below)."""
     auc = final_auc(train(data["short"], tmp_path, "--model_type", model_type, "--epochs", "2"))
     assert auc > 0.7, f"{model_type}: test AUC {auc}"
 
@@ -65,9 +68,13 @@ def test_no_signal_is_not_learned(data, tmp_path):
 
 
 def test_long_signal_needs_the_long_history(data, tmp_path):
+    """The signal lives only in the older behaviours: SIM (long part) and DIN (whole history,
+    as the reference's) learn it; DIEN (short part only) cannot."""
     sim = train(data["long"], tmp_path / "sim", "--epochs", "2")
     din = train(data["long"], tmp_path / "din", "--epochs", "2", "--model_type", "din")
-    assert final_auc(sim) > final_auc(din) + 0.15, (final_auc(sim), final_auc(din))
+    dien = train(data["long"], tmp_path / "dien", "--epochs", "2", "--model_type", "dien")
+    assert final_auc(din) > 0.8, final_auc(din)
+    assert final_auc(sim) > final_auc(dien) + 0.15, (final_auc(sim), final_auc(dien))
     per_epoch = [r for r in sim if isinstance(r["step"], list) and "auc" in r["data"]
                  and len(r["step"]) == 2]
     assert len(per_epoch) == 2 and all("test_loss" in r["data"] for r in per_epoch)

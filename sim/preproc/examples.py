@@ -13,17 +13,18 @@ import numpy as np
 
 
 def other_items(rng, avoid, num_items: int):
-    """A uniform item different from each of `avoid` (needs num_items >= 2)."""
-    drawn = rng.integers(0, num_items - 1, np.shape(avoid))
+    """A uniform item of 1..num_items different from each of `avoid` (needs num_items >= 2)."""
+    drawn = rng.integers(1, num_items, np.shape(avoid))
     return drawn + (drawn >= avoid)
 
 
 def user_examples(user: int, items, item_category, history_length: int, seed: int):
-    """items: the user's item ids in time order; item_category: category id per item.
+    """items: the user's item ids (1..) in time order; item_category: category id by item
+    id (entry 0 unused).
     Yields (split, row) with row = (user, k, label, item, category, hist_items, hist_cats,
     neg_items, neg_cats) in (k, label) order."""
     items = np.asarray(items, np.int64)
-    num_items = len(item_category)
+    num_items = len(item_category) - 1
     rng = np.random.default_rng([seed, user])
     for k, item in enumerate(items):
         history = items[max(0, k - history_length):k]

@@ -7,9 +7,10 @@ RAW holds reviews_Books.json (reviewerID, asin, unixReviewTime per line) and met
 (asin, categories; an item's category is the last entry of its last category path), or name
 the files with --reviews_file / --metadata_file; the metadata may also be an
 `asin<TAB>category` table. Spark filters users with fewer than --min_interactions reviews,
-orders each user's reviews by (time, asin), maps ids to contiguous ranges (users, items by
-sorted key; categories 1.. by name, 0 = unknown: an item without a category) and builds the
-examples (sim.preproc.examples). The driver then streams them, in (user, interaction,
+orders each user's reviews by (time, asin), maps ids to 1..cardinality (NVIDIA's convention,
+0 is padding: users, items by sorted key; categories by name, then one "unknown" category
+for items without one) and builds the examples (sim.preproc.examples), histories left-padded
+to --history_length. The driver then streams them, in (user, interaction,
 positive first) order, into the core ColumnarWriter (TFRecord `train`, `test`, feature_spec.yaml).
 """
 from __future__ import annotations
@@ -24,7 +25,6 @@ import runtime
 from cli import run_cli
 from sim import schema
 
-UNKNOWN_CATEGORY = 0
 ROWS_PER_FILE = 200_000
 
 
@@ -80,7 +80,7 @@ def build(spark, reviews_path, metadata_path, min_interactions, history_length, 
     reviews = read_reviews(spark, reviews_path)
     counts = reviews.groupBy("user").count().where(fn.col("count") >= min_interactions)
     kept = reviews.join(counts.select("user"), "user")
-    users, items = index(kept, "user"), index(kept, "asin")
+    users, items = index(kept, "user", start=1), index(kept, "asin", start=1)
     num_users, num_items = users.count(), items.count()
     if num_users == 0:
         raise PreprocError(f"{reviews_path}: no user has --min_interactions "
@@ -90,10 +90,10 @@ def build(spark, reviews_path, metadata_path, min_interactions, history_length, 
                            f"negative sampling needs at least 2")
     item_cats = items.join(read_categories(spark, metadata_path), "asin", "left")
     categories = index(item_cats.dropna(), "category", start=1)
-    num_categories = categories.count() + 1
+    num_categories = categories.count() + 1  # the last one: unknown
     item_cats = item_cats.join(categories, "category", "left").fillna(
-        UNKNOWN_CATEGORY, ["category_id"])
-    category_of = np.zeros(num_items, np.int64)
+        num_categories, ["category_id"])
+    category_of = np.zeros(num_items + 1, np.int64)  # by item id; row 0 unused (padding)
     for row in item_cats.select("asin_id", "category_id").collect():
         category_of[row[0]] = row[1]
     events = kept.join(users, "user").join(items, "asin")
@@ -122,25 +122,25 @@ def build(spark, reviews_path, metadata_path, min_interactions, history_length, 
 def write(spec, rows, output_path: str, overwrite: bool = False):
     """Stream (split, row) pairs into TFRecord files, ROWS_PER_FILE rows a part."""
     from datasets import ColumnarWriter
-    writer = ColumnarWriter(output_path, spec, "tfrecord", overwrite=overwrite)
+    writer = ColumnarWriter(output_path, spec, "tfrecord", overwrite=overwrite,
+                            ids_from_one=True)
     buffers = {"train": [], "test": []}
+    length = spec.dimension(schema.POSITIVE[0])
     for split, row in rows.toLocalIterator():
         buffers[split].append(row)
         if len(buffers[split]) == ROWS_PER_FILE:
-            writer.write(split, _columns(buffers[split]))
+            writer.write(split, _columns(buffers[split], length))
             buffers[split] = []
     for split, buffered in buffers.items():
         if buffered:
-            writer.write(split, _columns(buffered))
+            writer.write(split, _columns(buffered, length))
     return writer.close()
 
 
-def _columns(rows) -> dict:
+def _columns(rows, history_length: int) -> dict:
     user, _, label, item, cat, hist_items, hist_cats, neg_items, neg_cats = zip(*rows)
-    return {schema.USER: np.array(user, np.int64), schema.ITEM: np.array(item, np.int64),
-            schema.CATEGORY: np.array(cat, np.int64), schema.LABEL: np.array(label, np.int8),
-            schema.POSITIVE[0]: list(hist_items), schema.POSITIVE[1]: list(hist_cats),
-            schema.NEGATIVE[0]: list(neg_items), schema.NEGATIVE[1]: list(neg_cats)}
+    return schema.columns(user, item, cat, list(hist_items), list(hist_cats), list(neg_items),
+                          list(neg_cats), label, history_length)
 
 
 def parse_args(argv):
