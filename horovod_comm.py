@@ -51,6 +51,13 @@ class HorovodCommunicator(Communicator):
         return exchange(tensor)
 
     def allreduce_sum(self, tensor, name=None):
+        if isinstance(tensor, tf.IndexedSlices) and name:
+            # hvd.allreduce sums rows with two allgathers that it names after graph tensors
+            # (gradient_tape/embedding_lookup_<k>...): ranks holding different pieces number
+            # their lookups differently, the names do not match, and the ranks wait forever
+            values = self.hvd.allgather(tensor.values, name=f"{name}_values")
+            indices = self.hvd.allgather(tensor.indices, name=f"{name}_indices")
+            return tf.IndexedSlices(values, indices, tensor.dense_shape)
         return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=name)
 
     def gather_to_root(self, array):

@@ -21,6 +21,12 @@ class TrainingDivergedError(RuntimeError):
     pass
 
 
+def replicated_gradient_name(table: int) -> str:
+    """The collective summing a replicated table's gradient rows: named after the table id of
+    the plan, so every rank names it alike whatever else it holds."""
+    return f"replicated_grad_table_{table}"
+
+
 class Trainer:
     def __init__(self, model, optimizer: str, schedule: LearningRateSchedule, amp: bool = False,
                  loss_scale: float = None, xla: bool = False, run_eagerly: bool = False,
@@ -78,7 +84,8 @@ class Trainer:
         # it generates differ between ranks whose graphs differ (e.g. one without tables)
         dense_grads = [self.comm.allreduce_sum(g, name=f"dense_grad_{name.replace('/', '_')}")
                        for name, g in zip(self.dense_vars, dense_grads)]
-        table_grads = [self._table_gradient(var, g) for var, g in zip(table_vars, table_grads)]
+        table_grads = [self._table_gradient(piece, var, g)
+                       for (piece, var), g in zip(self.table_pairs, table_grads)]
         if self.loss_scale.dynamic:
             finite = self._all_finite(dense_grads + [g.values for g in table_grads])
             tf.cond(finite, lambda: self._apply(dense_grads, table_grads, lr), lambda: None)
@@ -91,10 +98,9 @@ class Trainer:
         self._record_divergence(loss, step)
         return loss
 
-    def _table_gradient(self, var, grad):
-        if var.ref() in self.replicated:
-            name = var.name[:-2].replace("/", "_")
-            grad = self.comm.allreduce_sum(grad, name=f"replicated_grad_{name}")
+    def _table_gradient(self, piece, var, grad):
+        if var.ref() in self.replicated:  # `piece` is then the table id
+            grad = self.comm.allreduce_sum(grad, name=replicated_gradient_name(piece))
         if not isinstance(grad, tf.IndexedSlices):
             grad = tf.IndexedSlices(grad, tf.range(tf.shape(grad)[0]))
         return grad
