@@ -15,6 +15,7 @@ Strategy (deterministic, memory balanced):
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -24,6 +25,8 @@ from datasets import local_row_bounds
 from initializers import embedding_uniform_chunks
 
 BYTES_PER_ELEMENT = 4  # tables are stored in float32, also under mixed precision
+# the lookup exchange's collectives (forward, backward), fixed names on every rank
+ALLTOALL_NAMES = ("embedding_alltoall", "embedding_alltoall_grad")
 
 
 def table_variable(rows: int, dim: int, seed: int, table: int, col_start: int = 0,
@@ -158,6 +161,11 @@ class Communicator:
 
     def barrier(self):
         pass
+
+    def waiting(self, what: str, step: int):
+        """Context of a wait on collectives (what, at which step): bounded by the stall
+        limit in several processes; nothing to bound in one."""
+        return contextlib.nullcontext()
 
 
 class EmbeddingLayer(tf.Module):
