@@ -228,6 +228,8 @@ class EmbeddingLayer(tf.Module):
             vectors[t] = [tf.nn.embedding_lookup(var, ids[t][start:stop])]
         per_table = [v[0] if len(v) == 1 else tf.concat(v, axis=1)
                      for _, v in sorted(vectors.items())]
+        if not per_table:  # a dataset without categorical features
+            return tf.zeros([stop - start, 0, self.plan.dim]), sources
         return tf.stack(per_table, axis=1), sources
 
     def _exchange(self, ids, global_batch):
