@@ -74,7 +74,7 @@ flags.DEFINE_integer("checkpoint_steps", 0, "Also save every this many steps (0:
 flags.DEFINE_string("restore_checkpoint_path", None, "Restore (and resume from) this "
                     "checkpoint")
 flags.DEFINE_string("saved_model_output_path", None, "--mode deploy: SavedModel directory")
-flags.DEFINE_string("log_path", "dlrm_log.json", "DLLogger JSON-lines log file")
+flags.DEFINE_string("log_path", "dlrm_tf_log.json", "DLLogger JSON-lines log file")
 flags.DEFINE_bool("print_plan", False, "Print the table placement plan and exit")
 flags.DEFINE_integer("column_slice_threshold", 0, "Split tables with more elements than "
                      "this by columns across processes (0: never)")
