@@ -111,9 +111,9 @@ def _ints(values, flag):
 def check_flags(world_size: int) -> None:
     if FLAGS.batch_size < 1 or FLAGS.valid_batch_size < 1:
         raise UsageError("--batch_size and --valid_batch_size must be positive")
-    if FLAGS.batch_size % world_size:
-        raise UsageError(f"--batch_size {FLAGS.batch_size} is not divisible by the number of "
-                         f"processes ({world_size})")
+    if FLAGS.batch_size < world_size:
+        raise UsageError(f"--batch_size {FLAGS.batch_size} is smaller than the number of "
+                         f"processes ({world_size}): every process needs rows")
     if FLAGS.evals_per_epoch < 1:
         raise UsageError(f"--evals_per_epoch must be >= 1, found {FLAGS.evals_per_epoch}")
     if FLAGS.epochs < 1:

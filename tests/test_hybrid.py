@@ -205,11 +205,11 @@ main.run()
     assert "CONTEXT_INITIALISED True" not in out
 
 
-def test_uneven_global_batch_is_rejected(tmp_path):
-    proc = launch(2, *MODEL, *TRAIN, "--batch_size", "511", "--log_path",
+def test_global_batch_smaller_than_the_world_is_rejected(tmp_path):
+    proc = launch(3, *MODEL, *TRAIN, "--batch_size", "2", "--log_path",
                   str(tmp_path / "log.json"))
     assert proc.returncode != 0
-    assert "--batch_size 511 is not divisible by the number of processes (2)" in \
+    assert "--batch_size 2 is smaller than the number of processes (3)" in \
         proc.stdout + proc.stderr
 
 
@@ -251,7 +251,8 @@ MIX = ["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", MIX_C
        "--synthetic_dataset_num_numerical_features", "5", "--embedding_dim", "16",
        "--bottom_mlp_dims", "32,16", "--top_mlp_dims", "32,1", "--cpu", "--seed", "5",
        "--synthetic_dataset_signal_strength", "3", "--valid_batch_size", "600",
-       "--synthetic_dataset_valid_batches", "2", "--batch_size", "384",
+       # 400 rows: 200 per rank on 2 processes, 133/133/134 on 3 (uneven slices)
+       "--synthetic_dataset_valid_batches", "2", "--batch_size", "400",
        "--synthetic_dataset_train_batches", "8", "--print_freq", "1", "--warmup_steps", "2",
        "--learning_rate", "0.5", "--collective_timeout_s", "90"]
 # (processes, --column_slice_threshold, --data_parallel_threshold); None: the flag's default
