@@ -28,10 +28,12 @@ def configure_devices(cpu: bool, local_rank: int = 0) -> None:
         tf.config.experimental.set_memory_growth(gpu, True)
 
 
-def make_communicator(cpu: bool = False) -> Communicator:
-    """The communicator, with devices configured (as soon as the local rank is known)."""
+def make_communicator(cpu: bool = False, collective_timeout_s: float = 0) -> Communicator:
+    """The communicator, with devices configured (as soon as the local rank is known);
+    collective_timeout_s bounds every wait on collectives (0: unbounded)."""
     if not launched_by_horovod():
         configure_devices(cpu)
         return Communicator()
     from horovod_comm import HorovodCommunicator
-    return HorovodCommunicator(lambda local_rank: configure_devices(cpu, local_rank))
+    return HorovodCommunicator(lambda local_rank: configure_devices(cpu, local_rank),
+                               collective_timeout_s)

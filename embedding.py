@@ -15,6 +15,7 @@ Strategy (deterministic, memory balanced):
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -24,6 +25,8 @@ from datasets import local_row_bounds
 from initializers import embedding_uniform_chunks
 
 BYTES_PER_ELEMENT = 4  # tables are stored in float32, also under mixed precision
+# the lookup exchange's collectives (forward, backward), fixed names on every rank
+ALLTOALL_NAMES = ("embedding_alltoall", "embedding_alltoall_grad")
 
 
 def table_variable(rows: int, dim: int, seed: int, table: int, col_start: int = 0,
@@ -159,6 +162,11 @@ class Communicator:
     def barrier(self):
         pass
 
+    def waiting(self, what: str, step: int):
+        """Context of a wait on collectives (what, at which step): bounded by the stall
+        limit in several processes; nothing to bound in one."""
+        return contextlib.nullcontext()
+
 
 class EmbeddingLayer(tf.Module):
     """This rank's share of the tables, and the lookup that returns, for the local batch
@@ -220,6 +228,8 @@ class EmbeddingLayer(tf.Module):
             vectors[t] = [tf.nn.embedding_lookup(var, ids[t][start:stop])]
         per_table = [v[0] if len(v) == 1 else tf.concat(v, axis=1)
                      for _, v in sorted(vectors.items())]
+        if not per_table:  # a dataset without categorical features
+            return tf.zeros([stop - start, 0, self.plan.dim]), sources
         return tf.stack(per_table, axis=1), sources
 
     def _exchange(self, ids, global_batch):

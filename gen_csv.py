@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Write random CSV data matching a feature spec, with a feature_spec.yaml describing it.
 
-    python gen_csv.py --feature_spec_in SPEC.yaml --output DIR --size 100000 [--seed 0]
+    python gen_csv.py --feature_spec_in SPEC.yaml [--output DIR] --size 100000 [--seed 0]
 
 For every mapping of SPEC's source_spec, --size rows are written: each chunk's features as
 header-less comma-separated columns in chunk order, its rows split evenly over the chunk's
@@ -10,7 +10,9 @@ none uses --auto_cardinality), numerical (float) columns random non-negative flo
 label real 0/1 values. A feature with `dimensions: [d]` or `max_hotness: d` gets 0..d ids
 per row joined by `|`. DIR/feature_spec.yaml repeats SPEC with every chunk typed `csv` (a
 chunk of another type is renamed <file>.csv), ready for transcode.py. The output goes through a
-temporary directory; a non-empty DIR is refused unless --overwrite.
+temporary directory; a non-empty DIR is refused unless --overwrite. Without --output the
+files are added to SPEC's own directory (as NVIDIA's README runs it), where an existing file
+of the same name is refused unless --overwrite and nothing else is touched.
 """
 from __future__ import annotations
 
@@ -34,8 +36,9 @@ def parse_args(argv=None):
     p.add_argument("--feature_spec_in", required=True,
                    help="yaml describing the features, channels and file layout to imitate "
                         "(chunks of any type)")
-    p.add_argument("--output", required=True,
-                   help="directory to write the CSV files and feature_spec.yaml into")
+    p.add_argument("--output", default=None,
+                   help="directory to write the CSV files and feature_spec.yaml into "
+                        "(default: add them to the directory of --feature_spec_in)")
     p.add_argument("--size", type=int, default=100_000,
                    help="rows per mapping (default 100,000)")
     p.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
@@ -74,18 +77,34 @@ def _column(rng, spec, name, rows, auto_cardinality):
                     dtype=object)
 
 
-def generate(spec_in: str, output: str, size: int, seed: int = 0,
+def _add_files(tmp: str, output: str, overwrite: bool) -> None:
+    """Move every file of `tmp` into the existing directory `output` (same relative paths);
+    all of them are checked for collisions before any is moved."""
+    names = [os.path.relpath(os.path.join(d, f), tmp) for d, _, fs in os.walk(tmp) for f in fs]
+    taken = [n for n in names if os.path.exists(os.path.join(output, n))]
+    if taken and not overwrite:
+        raise DatasetError(f"{os.path.join(output, taken[0])} exists; refusing to replace it "
+                           f"(pass --overwrite, or --output DIR)")
+    for name in names:
+        os.makedirs(os.path.dirname(os.path.join(output, name)), exist_ok=True)
+        os.replace(os.path.join(tmp, name), os.path.join(output, name))
+    shutil.rmtree(tmp)
+
+
+def generate(spec_in: str, output: str = None, size: int = 100_000, seed: int = 0,
              auto_cardinality: int = 1000, overwrite: bool = False):
+    """output None: add the files to the spec's directory."""
     if size < 0:
         raise DatasetError(f"--size must be >= 0, found {size}")
     spec = load_csv_spec(spec_in, chunk_types=CHUNK_TYPES)
     spec = _as_csv_spec(spec)
-    output = os.path.abspath(output)
-    if os.path.exists(output) and (not os.path.isdir(output) or os.listdir(output)) \
-            and not overwrite:
+    beside = output is None
+    output = os.path.abspath(output or os.path.dirname(os.path.abspath(spec_in)))
+    if not beside and os.path.exists(output) and \
+            (not os.path.isdir(output) or os.listdir(output)) and not overwrite:
         raise DatasetError(f"output {output} exists and is not empty; refusing to write into "
                            f"it (pass --overwrite to replace it)")
-    parent = os.path.dirname(output)
+    parent = output if beside else os.path.dirname(output)
     os.makedirs(parent, exist_ok=True)
     tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output)}.tmp-")
     try:
@@ -106,7 +125,9 @@ def generate(spec_in: str, output: str, size: int, seed: int = 0,
                     frame.to_csv(path, header=False, index=False, float_format="%.4f")
         spec.metadata = dict(spec.metadata, generated_by="gen_csv.py", seed=seed, size=size)
         spec.to_yaml(os.path.join(tmp, DEFAULT_FILENAME))
-        if os.path.exists(output):
+        if beside:
+            _add_files(tmp, output, overwrite)
+        elif os.path.exists(output):
             old = tmp + "-old"
             os.rename(output, old)
             os.rename(tmp, output)
@@ -131,7 +152,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     files = sum(len(c["files"]) for cs in spec.source_spec.values() for c in cs)
-    print(f"wrote {args.output}: {files} csv files, {args.size:,} rows per mapping "
+    output = args.output or os.path.dirname(os.path.abspath(args.feature_spec_in))
+    print(f"wrote {output}: {files} csv files, {args.size:,} rows per mapping "
           f"({', '.join(spec.mappings)})")
     return 0
 

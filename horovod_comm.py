@@ -5,21 +5,124 @@ mirror in the backward pass), then the dense-gradient allreduces in variable ord
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
+import threading
+import time
+
 import numpy as np
 import tensorflow as tf
 
-from embedding import Communicator
+from embedding import ALLTOALL_NAMES, Communicator
+
+# test hook: "RANK:STEP:SECONDS" makes that rank sleep before the collectives of that step
+DELAY_VARIABLE = "DLRM_TEST_DELAY_RANK"
+
+
+class StallWatch:
+    """Bounds every wait on collectives. The main thread marks where it waits (what, step);
+    a heartbeat thread allgathers every rank's mark every `period` seconds (Horovod matches
+    collectives by name, so these complete while the main threads wait on others); a rank
+    that has waited longer than `limit_s` names what it waits in, the step, and the ranks
+    not waiting there with it, then ends the job with a non-zero status."""
+
+    EXIT_STATUS = 3
+
+    def __init__(self, hvd, limit_s: float):
+        self.hvd, self.limit_s = hvd, limit_s
+        self.period = min(max(limit_s / 4, 0.5), 15.0)
+        self.rank = hvd.rank()
+        self.phases = []
+        self.waiting = None              # (phase id, step, since) while in a collective
+        self.last = (-1, -1)             # (phase id, step) of the last wait
+        self.peers, self.heard_at = None, time.monotonic()
+        for target in (self._heartbeat, self._check):
+            threading.Thread(target=target, daemon=True).start()
+
+    @contextlib.contextmanager
+    def wait(self, what: str, step: int):
+        _test_delay(self.rank, step)
+        if what not in self.phases:
+            self.phases.append(what)
+        phase = self.phases.index(what)
+        self.waiting = (phase, step, time.monotonic())
+        try:
+            yield
+        finally:
+            self.waiting, self.last = None, (phase, step)
+
+    def _status(self) -> np.ndarray:
+        waiting = self.waiting
+        if waiting is None:
+            return np.array([0, *self.last, 0], np.int64)
+        return np.array([1, waiting[0], waiting[1], time.monotonic() - waiting[2]], np.int64)
+
+    def _heartbeat(self):
+        beat = 0
+        try:
+            while True:
+                time.sleep(self.period)
+                with tf.device("/CPU:0"):
+                    gathered = self.hvd.allgather(tf.constant(self._status()[None]),
+                                                  name=f"stall_watch_{beat}")
+                self.peers, self.heard_at = gathered.numpy(), time.monotonic()
+                beat += 1
+        except Exception:  # Horovod shut down at the end of the job: nothing left to watch
+            return
+
+    def _check(self):
+        while True:
+            time.sleep(self.period / 2)
+            waiting = self.waiting
+            if waiting is not None and time.monotonic() - waiting[2] > self.limit_s:
+                print(f"error: {self.report(waiting)}", file=sys.stderr, flush=True)
+                os._exit(self.EXIT_STATUS)  # the main thread is blocked in the collective
+
+    def report(self, waiting) -> str:
+        phase, step, since = waiting
+        what = self.phases[phase]
+        text = (f"rank {self.rank} has waited {time.monotonic() - since:.0f} s (limit "
+                f"--collective_timeout_s {self.limit_s:g}) in {what} at step {step}")
+        peers, age = self.peers, time.monotonic() - self.heard_at
+        if peers is None or age > 2 * self.period + 1:
+            return text + (f"; the other ranks have not answered the stall watch for "
+                           f"{age:.0f} s, so which of them are missing is unknown")
+        missing = [(r, p) for r, p in enumerate(peers)
+                   if r != self.rank and not (p[0] == 1 and p[1] == phase and p[2] == step)]
+        where = "; ".join(f"rank {r} " + self._where(p, phase) for r, p in missing)
+        return text + f", waiting for rank(s) {[r for r, _ in missing]} ({where})"
+
+    def _where(self, status, my_phase: int) -> str:
+        flag, phase, step, seconds = (int(v) for v in status)
+        name = ("the same collectives" if phase == my_phase else self.phases[phase]
+                if 0 <= phase < len(self.phases) else "no collectives yet")
+        if flag:
+            return f"waits in {name} at step {step} for {seconds} s"
+        return f"is outside collectives, last in {name} at step {step}"
+
+
+def _test_delay(rank: int, step: int) -> None:
+    spec = os.environ.get(DELAY_VARIABLE)
+    if spec:
+        delay_rank, delay_step, seconds = spec.split(":")
+        if int(delay_rank) == rank and int(delay_step) == step:
+            time.sleep(float(seconds))
 
 
 class HorovodCommunicator(Communicator):
-    def __init__(self, configure_devices=lambda local_rank: None):
+    def __init__(self, configure_devices=lambda local_rank: None,
+                 collective_timeout_s: float = 0):
         """configure_devices(local_rank) runs after hvd.init() and before any TensorFlow op:
-        device settings cannot change once TensorFlow is initialised."""
+        device settings cannot change once TensorFlow is initialised. collective_timeout_s:
+        the stall limit of StallWatch (0: waits are not bounded)."""
         import horovod.tensorflow as hvd
         hvd.init()
         self.hvd = hvd
         self.rank, self.size = hvd.rank(), hvd.size()
         configure_devices(hvd.local_rank())
+        self.stall_watch = StallWatch(hvd, collective_timeout_s) if collective_timeout_s \
+            else None
         # bytes this rank sent to other ranks through all-to-all, forward and backward
         self.alltoall_bytes = tf.Variable(0, dtype=tf.int64, trainable=False,
                                           name="alltoall_bytes_sent")
@@ -38,12 +141,12 @@ class HorovodCommunicator(Communicator):
             # fixed names: Horovod matches collectives across ranks by name, and the
             # generated ones differ between ranks whose graphs differ (e.g. one without tables)
             received, received_splits = hvd.alltoall(x, splits=splits_i32,
-                                                     name="embedding_alltoall")
+                                                     name=ALLTOALL_NAMES[0])
 
             def backward(upstream):
                 self._count(upstream, received_splits)
                 grad, _ = hvd.alltoall(upstream, splits=received_splits,
-                                       name="embedding_alltoall_grad")
+                                       name=ALLTOALL_NAMES[1])
                 return grad
 
             return received, backward
@@ -51,6 +154,13 @@ class HorovodCommunicator(Communicator):
         return exchange(tensor)
 
     def allreduce_sum(self, tensor, name=None):
+        if isinstance(tensor, tf.IndexedSlices) and name:
+            # hvd.allreduce sums rows with two allgathers that it names after graph tensors
+            # (gradient_tape/embedding_lookup_<k>...): ranks holding different pieces number
+            # their lookups differently, the names do not match, and the ranks wait forever
+            values = self.hvd.allgather(tensor.values, name=f"{name}_values")
+            indices = self.hvd.allgather(tensor.indices, name=f"{name}_indices")
+            return tf.IndexedSlices(values, indices, tensor.dense_shape)
         return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=name)
 
     def gather_to_root(self, array):
@@ -65,6 +175,10 @@ class HorovodCommunicator(Communicator):
 
     def broadcast_variables(self, variables):
         self.hvd.broadcast_variables(variables, root_rank=0)
+
+    def waiting(self, what: str, step: int):
+        return self.stall_watch.wait(what, step) if self.stall_watch \
+            else contextlib.nullcontext()
 
     def barrier(self):
         self.hvd.allreduce(tf.constant(0.0), op=self.hvd.Sum, name="barrier")

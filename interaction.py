@@ -66,6 +66,26 @@ def _load_cuda_op():
     return cuda_interact, None
 
 
+# --interaction values: ours (dot, cross) and the DLRM_and_DCNv2 tree's, which name the dot
+# implementation in the same flag
+INTERACTIONS = ("dot", "cross", "dot_custom_cuda", "dot_tensorflow")
+
+
+def resolve_interaction(interaction: str, dot_interaction: str = "auto") -> tuple:
+    """(model interaction 'dot' | 'cross', dot implementation request) from --interaction and
+    --dot_interaction; dot_custom_cuda / dot_tensorflow set the implementation themselves."""
+    if interaction not in INTERACTIONS:
+        raise ValueError(f"--interaction must be one of {list(INTERACTIONS)}, found "
+                         f"'{interaction}'")
+    if not interaction.startswith("dot_"):
+        return interaction, dot_interaction
+    implied = interaction[len("dot_"):]
+    if dot_interaction not in ("auto", implied):
+        raise ValueError(f"--interaction {interaction} asks for the {implied} dot interaction "
+                         f"but --dot_interaction is {dot_interaction}")
+    return "dot", implied
+
+
 def select_dot_implementation(requested: str = "auto", use_cpu: bool = False,
                               xla: bool = False, export: bool = False):
     """Pick the dot-interaction function: the CUDA op when it is loaded and a GPU is used,

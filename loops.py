@@ -7,7 +7,17 @@ import numpy as np
 
 from data_parallel import gather_to_root
 from metrics import log_loss, roc_auc
-from progress import Progress
+from progress import Progress, StepTimer
+
+
+def step_collectives_text(trainer) -> str:
+    """What a rank waits in during a training step, for the stall report."""
+    names = trainer.step_collectives()
+    dense = [n for n in names if n.startswith("dense_grad_")]
+    shown = [n for n in names if n not in dense]
+    if dense:
+        shown.insert(shown.index("loss"), f"{len(dense)} dense_grad_*")
+    return f"the training step's collectives ({', '.join(shown)})"
 
 
 def evaluate(trainer, pipe) -> dict:
@@ -72,7 +82,8 @@ def next_position(step: int, epoch: int, batch_in_epoch: int, steps_per_epoch: i
 
 def _evaluate_and_log(trainer, eval_pipe, logger, epoch: int, step: int) -> dict:
     trainer.check_finite()
-    metrics = evaluate(trainer, eval_pipe)
+    with trainer.comm.waiting("the evaluation (all-to-all, gather and broadcast)", step):
+        metrics = evaluate(trainer, eval_pipe)
     logger.log((epoch, step), metrics)
     logger.print(f"eval at step {step}: auc {metrics['auc']:.6f}  "
                  f"validation_loss {metrics['validation_loss']:.6f}")
@@ -92,21 +103,25 @@ def train(trainer, train_pipe, eval_pipe, logger, position: dict, flags) -> dict
                                    position["batch_in_epoch"])
     metrics, last_eval_step, train_start = {}, None, time.perf_counter()
     reporter = _Reporter(trainer, logger, total_steps, flags.batch_size)
+    timer = StepTimer(flags.batch_size, flags.benchmark_warmup_steps, clock=time.perf_counter)
 
     def save():
         if flags.save_checkpoint_path:
             import checkpoint
             trainer.check_finite()
-            checkpoint.save(flags.save_checkpoint_path, trainer,
-                            next_position(step, epoch, batch_in_epoch, steps_per_epoch))
+            with trainer.comm.waiting("the checkpoint's barrier", step):
+                checkpoint.save(flags.save_checkpoint_path, trainer,
+                                next_position(step, epoch, batch_in_epoch, steps_per_epoch))
             logger.log((epoch, step), {"checkpoint_saved": flags.save_checkpoint_path})
             logger.print(f"checkpoint saved at step {step}: {flags.save_checkpoint_path}")
 
     logger.print(f"training: {total_steps} steps ({steps_per_epoch} per epoch), global batch "
                  f"{flags.batch_size}, {trainer.comm.size} process(es)")
+    collectives = step_collectives_text(trainer)
     while step < total_steps and epoch < flags.epochs:
         for batch in train_pipe.epoch(epoch, batch_in_epoch):
-            loss = trainer.train_step(batch, step)
+            with trainer.comm.waiting(collectives, step + 1), timer.step():
+                loss = trainer.train_step(batch, step)
             step, batch_in_epoch = step + 1, batch_in_epoch + 1
             reporter.progress.step_done()
             if step % flags.print_freq == 0 or step == total_steps:
@@ -126,10 +141,13 @@ def train(trainer, train_pipe, eval_pipe, logger, position: dict, flags) -> dict
     if last_eval_step != step:
         metrics = _evaluate_and_log(trainer, eval_pipe, logger, epoch, step)
     elapsed = time.perf_counter() - train_start
-    final = dict(metrics, step=step, training_seconds=elapsed)
+    final = dict(metrics, step=step, training_seconds=elapsed, **timer.summary())
     logger.log((), final)
+    throughput = (f", {final['throughput']:,.0f} samples/s over {final['timed_steps']} timed "
+                  f"steps" if "throughput" in final else
+                  f", no step after the {flags.benchmark_warmup_steps} warm-up steps timed")
     logger.print(f"done: step {step}, auc {metrics.get('auc', float('nan')):.6f}, "
-                 f"{elapsed:.1f} s")
+                 f"{elapsed:.1f} s{throughput}")
     save()
     return final
 

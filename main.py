@@ -15,6 +15,8 @@ runtime.configure()  # before anything imports TensorFlow
 
 from absl import app, flags  # noqa: E402
 
+from interaction import INTERACTIONS  # noqa: E402
+
 FLAGS = flags.FLAGS
 
 flags.DEFINE_enum("mode", "train", ["train", "eval", "inference", "deploy"],
@@ -44,12 +46,20 @@ flags.DEFINE_float("loss_scale", None, "A static loss scale for --amp instead of
 flags.DEFINE_bool("xla", False, "JIT-compile the dense part of the training step with XLA")
 flags.DEFINE_bool("run_eagerly", False, "Run steps eagerly (debugging)")
 flags.DEFINE_bool("cpu", False, "Run on CPU even when GPUs are present")
-flags.DEFINE_integer("print_freq", 100, "Print and log progress every this many steps")
+flags.DEFINE_integer("print_freq", 1000, "Print and log progress every this many steps")
+flags.DEFINE_integer("benchmark_warmup_steps", 100, "Training steps not timed for the final "
+                     "throughput (the seed's warm-up); --mode inference times the batches "
+                     "after 10 warm-up batches")
+flags.DEFINE_float("collective_timeout_s", 300, "Several processes: a rank that waits "
+                   "longer than this on collectives names them, the step and the ranks it "
+                   "waits for, and ends the job with a non-zero status (0: wait forever)")
 flags.DEFINE_integer("embedding_dim", 128, "Width of every embedding vector")
 flags.DEFINE_list("bottom_mlp_dims", ["512", "256", "128"], "Bottom MLP widths")
 flags.DEFINE_list("top_mlp_dims", ["1024", "1024", "512", "256", "1"], "Top MLP widths")
 flags.DEFINE_bool("embedding_trainable", True, "Train the embedding tables")
-flags.DEFINE_enum("interaction", "dot", ["dot", "cross"], "dot (DLRM) or cross (DCNv2)")
+flags.DEFINE_enum("interaction", "dot", list(INTERACTIONS),
+                  "dot (DLRM) or cross (DCNv2); the DLRM_and_DCNv2 tree's dot_custom_cuda and "
+                  "dot_tensorflow mean dot with that --dot_interaction")
 flags.DEFINE_integer("num_cross_layers", 3, "DCNv2 cross layers")
 flags.DEFINE_integer("cross_layer_projection_dim", 512, "DCNv2 low-rank projection width")
 flags.DEFINE_enum("dot_interaction", "auto", ["auto", "custom_cuda", "tensorflow"],
@@ -64,7 +74,7 @@ flags.DEFINE_integer("checkpoint_steps", 0, "Also save every this many steps (0:
 flags.DEFINE_string("restore_checkpoint_path", None, "Restore (and resume from) this "
                     "checkpoint")
 flags.DEFINE_string("saved_model_output_path", None, "--mode deploy: SavedModel directory")
-flags.DEFINE_string("log_path", "dlrm_log.json", "DLLogger JSON-lines log file")
+flags.DEFINE_string("log_path", "dlrm_tf_log.json", "DLLogger JSON-lines log file")
 flags.DEFINE_bool("print_plan", False, "Print the table placement plan and exit")
 flags.DEFINE_integer("column_slice_threshold", 0, "Split tables with more elements than "
                      "this by columns across processes (0: never)")
@@ -101,9 +111,9 @@ def _ints(values, flag):
 def check_flags(world_size: int) -> None:
     if FLAGS.batch_size < 1 or FLAGS.valid_batch_size < 1:
         raise UsageError("--batch_size and --valid_batch_size must be positive")
-    if FLAGS.batch_size % world_size:
-        raise UsageError(f"--batch_size {FLAGS.batch_size} is not divisible by the number of "
-                         f"processes ({world_size})")
+    if FLAGS.batch_size < world_size:
+        raise UsageError(f"--batch_size {FLAGS.batch_size} is smaller than the number of "
+                         f"processes ({world_size}): every process needs rows")
     if FLAGS.evals_per_epoch < 1:
         raise UsageError(f"--evals_per_epoch must be >= 1, found {FLAGS.evals_per_epoch}")
     if FLAGS.epochs < 1:
@@ -137,21 +147,22 @@ def load_spec():
 
 def build(comm, spec):
     from embedding import make_plan
-    from interaction import select_dot_implementation
+    from interaction import resolve_interaction, select_dot_implementation
     from lr_scheduler import LearningRateSchedule
     from model import DLRM, ModelConfig
     from trainer import Trainer
+    interaction, dot_request = resolve_interaction(FLAGS.interaction, FLAGS.dot_interaction)
     config = ModelConfig(
         num_numerical=len(spec.numerical_features), cardinalities=tuple(spec.cardinalities),
         embedding_dim=FLAGS.embedding_dim,
         bottom_mlp_dims=_ints(FLAGS.bottom_mlp_dims, "bottom_mlp_dims"),
         top_mlp_dims=_ints(FLAGS.top_mlp_dims, "top_mlp_dims"),
-        interaction=FLAGS.interaction, num_cross_layers=FLAGS.num_cross_layers,
+        interaction=interaction, num_cross_layers=FLAGS.num_cross_layers,
         cross_layer_projection_dim=FLAGS.cross_layer_projection_dim,
         embedding_trainable=FLAGS.embedding_trainable, seed=FLAGS.seed).validate()
     plan = make_plan(config.cardinalities, config.embedding_dim, comm.size,
                      FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold)
-    dot = select_dot_implementation(FLAGS.dot_interaction, FLAGS.cpu,
+    dot = select_dot_implementation(dot_request, FLAGS.cpu,
                                     xla=FLAGS.xla and FLAGS.mode == "train",
                                     export=FLAGS.mode == "deploy")
     model = DLRM(config, plan, comm, dot,
@@ -179,7 +190,8 @@ def pipeline(spec, plan, comm, training: bool):
 def main(argv):
     del argv
     from distributed import make_communicator
-    comm = make_communicator(FLAGS.cpu)  # configures devices before any TensorFlow op
+    # configures devices before any TensorFlow op
+    comm = make_communicator(FLAGS.cpu, FLAGS.collective_timeout_s)
     from dllog import DLLogger
     logger = DLLogger(FLAGS.log_path, enabled=comm.rank == 0)
     try:
@@ -200,7 +212,8 @@ def main(argv):
             import checkpoint
             position = checkpoint.restore(FLAGS.restore_checkpoint_path, trainer)
             logger.print(f"restored {FLAGS.restore_checkpoint_path} at step {position['step']}")
-        comm.broadcast_variables(list(trainer.model.dense_variables().values()))
+        with comm.waiting("the broadcast of the initial dense weights", 0):
+            comm.broadcast_variables(list(trainer.model.dense_variables().values()))
         if FLAGS.mode == "train":
             loops.train(trainer, pipeline(spec, plan, comm, True),
                         pipeline(spec, plan, comm, False), logger, position, FLAGS)

@@ -7,6 +7,7 @@ the two drifting apart.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 
 
@@ -49,3 +50,30 @@ class Progress:
         eta = report["eta_seconds"]
         parts.append(f"ETA {format_seconds(eta) if eta != float('inf') else '?'}")
         return "  ".join(parts)
+
+
+class StepTimer:
+    """The benchmark figure of a run, as NVIDIA's DLRM reports it: samples per step divided by
+    the mean time of the timed steps, which are all steps after the first `warmup`. Each step
+    is timed alone, so evaluations and checkpoints between steps are not counted."""
+
+    def __init__(self, samples_per_step: int, warmup: int, clock=time.perf_counter):
+        self.samples_per_step, self.warmup, self._clock = samples_per_step, warmup, clock
+        self.steps_seen, self.timed_steps, self.timed_seconds = 0, 0, 0.0
+
+    @contextlib.contextmanager
+    def step(self):
+        start = self._clock()
+        yield
+        self.steps_seen += 1
+        if self.steps_seen > self.warmup:
+            self.timed_steps += 1
+            self.timed_seconds += self._clock() - start
+
+    def summary(self) -> dict:
+        """throughput (samples/s) and mean_step_time_ms; empty when no step was timed."""
+        if not self.timed_steps:
+            return {}
+        mean = self.timed_seconds / self.timed_steps
+        return {"throughput": self.samples_per_step / mean, "mean_step_time_ms": mean * 1e3,
+                "timed_steps": self.timed_steps}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from embedding import ALLTOALL_NAMES
 from loss_scale import make_loss_scale
 from lr_scheduler import LearningRateSchedule
 from optimizers import make_optimizer
@@ -19,6 +20,16 @@ from optimizers import make_optimizer
 
 class TrainingDivergedError(RuntimeError):
     pass
+
+
+def replicated_gradient_name(table: int) -> str:
+    """The collective summing a replicated table's gradient rows: named after the table id of
+    the plan, so every rank names it alike whatever else it holds."""
+    return f"replicated_grad_table_{table}"
+
+
+def dense_gradient_name(variable: str) -> str:
+    return f"dense_grad_{variable.replace('/', '_')}"
 
 
 class Trainer:
@@ -76,9 +87,10 @@ class Trainer:
         table_grads, source_grads = grads[:len(table_vars)], grads[len(table_vars):]
         # collectives are named: Horovod matches them across ranks by name, and the names
         # it generates differ between ranks whose graphs differ (e.g. one without tables)
-        dense_grads = [self.comm.allreduce_sum(g, name=f"dense_grad_{name.replace('/', '_')}")
+        dense_grads = [self.comm.allreduce_sum(g, name=dense_gradient_name(name))
                        for name, g in zip(self.dense_vars, dense_grads)]
-        table_grads = [self._table_gradient(var, g) for var, g in zip(table_vars, table_grads)]
+        table_grads = [self._table_gradient(piece, var, g)
+                       for (piece, var), g in zip(self.table_pairs, table_grads)]
         if self.loss_scale.dynamic:
             finite = self._all_finite(dense_grads + [g.values for g in table_grads])
             tf.cond(finite, lambda: self._apply(dense_grads, table_grads, lr), lambda: None)
@@ -91,10 +103,19 @@ class Trainer:
         self._record_divergence(loss, step)
         return loss
 
-    def _table_gradient(self, var, grad):
-        if var.ref() in self.replicated:
-            name = var.name[:-2].replace("/", "_")
-            grad = self.comm.allreduce_sum(grad, name=f"replicated_grad_{name}")
+    def step_collectives(self) -> list:
+        """The collectives of one training step by name: a function of the placement plan
+        and the model alone, hence the same on every rank (Horovod matches them by name)."""
+        plan = self.model.plan
+        names = list(ALLTOALL_NAMES) if plan.world_size > 1 else []
+        names += [dense_gradient_name(name) for name in self.dense_vars]
+        names += [replicated_gradient_name(t) for t, var in self.table_pairs
+                  if var.ref() in self.replicated]
+        return names + (["nonfinite_count"] if self.loss_scale.dynamic else []) + ["loss"]
+
+    def _table_gradient(self, piece, var, grad):
+        if var.ref() in self.replicated:  # `piece` is then the table id
+            grad = self.comm.allreduce_sum(grad, name=replicated_gradient_name(piece))
         if not isinstance(grad, tf.IndexedSlices):
             grad = tf.IndexedSlices(grad, tf.range(tf.shape(grad)[0]))
         return grad

@@ -34,15 +34,29 @@ require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRU
                 "hybrid-parallel tests need horovod (tools/setup_env.sh builds it)")
 
 
-def launch(np_, *args, timeout=600):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
+def bounded_run(cmd, timeout, env=None):
+    """subprocess.run under a deadline: a hang kills the whole process group (horovodrun and
+    its ranks) and fails the test saying so."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **(env or {}))
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"did not finish within {timeout} s (hung?): {' '.join(cmd)}\n"
+                    f"{out[-2000:]}\n{err[-2000:]}", pytrace=False)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def launch(np_, *args, timeout=600, env=None):
     if np_ == 1:
         cmd = [sys.executable, "main.py", *args]
     else:
         cmd = [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
                sys.executable, "main.py", *args]
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
-                          timeout=timeout)
+    return bounded_run(cmd, timeout, env)
 
 
 def ok(proc):
@@ -148,10 +162,8 @@ def test_rank_without_tables_checkpoints_cross_restore(tableless_rank_runs, tmp_
 def run_script(np_, code, tmp_path):
     script = tmp_path / "script.py"
     script.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\n" + code)
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    proc = ok(subprocess.run([HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
-                              sys.executable, str(script)], cwd=ROOT, env=env,
-                             capture_output=True, text=True, timeout=300))
+    proc = ok(bounded_run([HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
+                           sys.executable, str(script)], timeout=300))
     return proc.stdout
 
 
@@ -193,11 +205,11 @@ main.run()
     assert "CONTEXT_INITIALISED True" not in out
 
 
-def test_uneven_global_batch_is_rejected(tmp_path):
-    proc = launch(2, *MODEL, *TRAIN, "--batch_size", "511", "--log_path",
+def test_global_batch_smaller_than_the_world_is_rejected(tmp_path):
+    proc = launch(3, *MODEL, *TRAIN, "--batch_size", "2", "--log_path",
                   str(tmp_path / "log.json"))
     assert proc.returncode != 0
-    assert "--batch_size 511 is not divisible by the number of processes (2)" in \
+    assert "--batch_size 2 is smaller than the number of processes (3)" in \
         proc.stdout + proc.stderr
 
 
@@ -219,10 +231,85 @@ def test_killed_rank_ends_the_job(tmp_path):
                       and p.environ().get("HOROVOD_RANK") == "1")
         victim.send_signal(signal.SIGKILL)
         killed_at = time.time()
-        returncode = proc.wait(timeout=60)
+        try:
+            returncode = proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the job still ran 60 s after rank 1 was killed", pytrace=False)
         assert returncode != 0
         assert time.time() - killed_at < 60
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
         shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+# A Criteo-like table mix: big tables (column-sliced), a mid-size one placed whole and
+# several tiny ones (replicated). Replicating two or more tables used to hang: the sparse
+# gradient sums got Horovod names from graph tensors, numbered differently on each rank.
+MIX_CARDINALITIES = "4000,3000,600,40,30,20,3"
+MIX = ["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", MIX_CARDINALITIES,
+       "--synthetic_dataset_num_numerical_features", "5", "--embedding_dim", "16",
+       "--bottom_mlp_dims", "32,16", "--top_mlp_dims", "32,1", "--cpu", "--seed", "5",
+       "--synthetic_dataset_signal_strength", "3", "--valid_batch_size", "600",
+       # 400 rows: 200 per rank on 2 processes, 133/133/134 on 3 (uneven slices)
+       "--synthetic_dataset_valid_batches", "2", "--batch_size", "400",
+       "--synthetic_dataset_train_batches", "8", "--print_freq", "1", "--warmup_steps", "2",
+       "--learning_rate", "0.5", "--collective_timeout_s", "90"]
+# (processes, --column_slice_threshold, --data_parallel_threshold); None: the flag's default
+MIX_LAYOUTS = [(2, "40000", "1000"), (3, "20000", "500"), (2, None, None)]
+
+
+def mix_layout_flags(slice_threshold, replicate_threshold):
+    if slice_threshold is None:
+        return []
+    return ["--column_slice_threshold", slice_threshold,
+            "--data_parallel_threshold", replicate_threshold]
+
+
+@pytest.fixture(scope="module")
+def mix_runs(tmp_path_factory):
+    """One 1-process run (placement does not change the maths) and one run per layout."""
+    base = tmp_path_factory.mktemp("mix")
+    out = {}
+    for key in [(1, None, None), *MIX_LAYOUTS]:
+        log = base / ("_".join(map(str, key)) + ".json")
+        ok(launch(key[0], *MIX, *mix_layout_flags(*key[1:]), "--log_path", str(log),
+                  timeout=300))
+        out[key] = log
+    return out
+
+
+def test_mix_layouts_slice_replicate_and_place_whole():
+    cards = [int(c) for c in MIX_CARDINALITIES.split(",")]
+    for np_, slice_threshold, replicate_threshold in MIX_LAYOUTS[:2]:
+        plan = make_plan(cards, 16, np_, int(slice_threshold), int(replicate_threshold))
+        sliced = {p.table for p in plan.pieces if len(plan.pieces_of(p.table)) > 1}
+        whole = {p.table for p in plan.pieces} - sliced
+        assert len(plan.replicated) >= 3 and sliced and whole, plan.describe()
+
+
+@pytest.mark.parametrize("layout", MIX_LAYOUTS, ids=lambda k: f"np{k[0]}_{k[1]}_{k[2]}")
+def test_mix_of_replicated_sliced_and_whole_tables_matches_one_process(mix_runs, layout):
+    one, many = mix_runs[(1, None, None)], mix_runs[layout]
+    l1, ln = losses(one), losses(many)
+    assert sorted(l1) == sorted(ln) == list(range(1, 9))
+    for step in l1:
+        assert abs(l1[step] - ln[step]) <= 1e-5, (step, l1[step], ln[step])
+    assert abs(final(one)["auc"] - final(many)["auc"]) <= 1e-4
+    assert final(many)["eval_samples"] == 2 * 600
+
+
+def test_a_rank_that_stops_coming_is_named_and_ends_the_job(tmp_path):
+    """Rank 1 sleeps before step 2 far longer than the stall limit: rank 0, waiting in that
+    step's collectives, names them, the step and rank 1, and the job exits non-zero."""
+    proc = launch(2, *MIX, "--column_slice_threshold", "40000", "--data_parallel_threshold",
+                  "1000", "--collective_timeout_s", "6", "--log_path", str(tmp_path / "l.json"),
+                  env={"DLRM_TEST_DELAY_RANK": "1:2:120"}, timeout=110)
+    assert proc.returncode != 0
+    lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "error: rank 0" in line]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-2000:]
+    message = lines[0]
+    assert "in the training step's collectives (embedding_alltoall," in message
+    assert "replicated_grad_table_3" in message and "at step 2" in message
+    assert "waiting for rank(s) [1]" in message
+    assert "rank 1 is outside collectives, last in the same collectives at step 1" in message

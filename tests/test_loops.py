@@ -38,6 +38,9 @@ class FakeTrainer:
         self.clock.now += 1.0
         return 0.5
 
+    def step_collectives(self):
+        return ["loss"]
+
     def predict(self, batch):
         return Value(np.array([0.2, 0.7, 0.4], np.float32))
 
@@ -74,7 +77,7 @@ class FakeLogger:
 
 def flags(**overrides):
     values = dict(batch_size=100, epochs=1, max_steps=-1, evals_per_epoch=1, print_freq=1,
-                  checkpoint_steps=0, save_checkpoint_path=None)
+                  checkpoint_steps=0, save_checkpoint_path=None, benchmark_warmup_steps=100)
     return SimpleNamespace(**{**values, **overrides})
 
 
@@ -96,6 +99,26 @@ def test_samples_per_second_is_not_inflated_by_evaluations(clock):
                 if "samples_per_second" in data}
     # every step is 100 samples in 1 s, whatever happened between the reports
     assert reported == {3: 100.0, 6: 100.0, 8: 100.0}
+
+
+def test_final_record_has_the_mean_throughput_of_the_steps_after_warmup(clock):
+    logger = FakeLogger()
+    # 8 steps of 1 s; an evaluation of 100 s after step 4 and 8; 3 warm-up steps
+    final = loops.train(FakeTrainer(clock), FakePipe(8, clock),
+                        FakePipe(1, clock, seconds=100.0), logger,
+                        {"step": 0, "epoch": 0, "batch_in_epoch": 0},
+                        flags(evals_per_epoch=2, benchmark_warmup_steps=3))
+    assert final["timed_steps"] == 5
+    assert final["throughput"] == pytest.approx(100.0)  # 100 samples per 1 s step
+    assert final["mean_step_time_ms"] == pytest.approx(1000.0)
+    assert logger.records[-1] == ((), final)
+
+
+def test_no_throughput_when_no_step_is_past_warmup(clock):
+    final = loops.train(FakeTrainer(clock), FakePipe(4, clock), FakePipe(1, clock),
+                        FakeLogger(), {"step": 0, "epoch": 0, "batch_in_epoch": 0},
+                        flags(benchmark_warmup_steps=4))
+    assert "throughput" not in final and final["step"] == 4
 
 
 def test_max_steps_on_an_epoch_boundary_saves_the_next_epoch(clock, monkeypatch, tmp_path):

@@ -100,3 +100,22 @@ def test_dynamic_loss_scale_is_checkpointed_and_resumed(tmp_path):
     fresh = tiny_trainer(0.1, amp=True, compute_dtype=tf.float16)
     checkpoint.restore(str(tmp_path / "f32"), fresh)
     assert float(fresh.loss_scale.scale.numpy()) == 2.0 ** 15
+
+
+def test_step_collectives_are_a_function_of_the_plan():
+    """Ranks holding different pieces issue the same named collectives: two replicated tables
+    (which used to get graph-derived names, numbered differently per rank) included."""
+    class RankOf:
+        def __init__(self, rank):
+            self.rank, self.size = rank, 2
+
+    cards = (3000, 2000, 300, 50, 20)
+    plan = make_plan(cards, 4, 2, 6000, 250)
+    assert plan.replicated == (3, 4) and plan.pieces_on(0) != plan.pieces_on(1)
+    config = ModelConfig(num_numerical=3, cardinalities=cards, embedding_dim=4,
+                         bottom_mlp_dims=(8, 4), top_mlp_dims=(6, 1), seed=1)
+    names = [Trainer(DLRM(config, plan, RankOf(r)), "sgd",
+                     LearningRateSchedule(0.1, 0, 10, 0)).step_collectives() for r in (0, 1)]
+    assert names[0] == names[1]
+    assert names[0][:2] == ["embedding_alltoall", "embedding_alltoall_grad"]
+    assert names[0][-3:] == ["replicated_grad_table_3", "replicated_grad_table_4", "loss"]
