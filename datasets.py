@@ -134,13 +134,30 @@ def check_mapping_files(spec: FeatureSpec, mapping: str) -> int:
     return expected
 
 
+def first_bad_id(ids: np.ndarray, limit: int):
+    """Index of the first id of `ids` outside [0, limit], or None. One pass over the batch:
+    viewed unsigned, a negative id is larger than any limit."""
+    if not ids.size or ids.dtype.kind not in "iu":
+        return None
+    unsigned = ids.view(f"u{ids.dtype.itemsize}")
+    if unsigned.max() <= limit:
+        return None
+    return np.unravel_index(int(np.argmax(unsigned > limit)), ids.shape)
+
+
+def id_range_error(spec: FeatureSpec, name: str, value, where: str) -> DatasetError:
+    return DatasetError(f"{where}: feature '{name}' has id {value}, outside "
+                        f"[0, {spec.id_limit(name)}] ({spec.id_convention})")
+
+
 class SplitBinaryReader(BatchSource):
     """Reads batches of one mapping of a split-binary dataset with positioned reads.
 
     Every file is size-checked against the spec when the reader is made (DatasetError names
     a truncated or missing file). get(i) reads batch i of the file order with one positioned
     read per file: the rank's slice of the numerical block and of the labels, and the whole
-    global batch of each categorical feature in categorical_indices (default: all).
+    global batch of each categorical feature in categorical_indices (default: all), whose
+    ids are checked against the cardinality (DatasetError naming file, row and feature).
     """
 
     def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, drop_last: bool = False,
@@ -162,6 +179,8 @@ class SplitBinaryReader(BatchSource):
         self._num_dtype = spec.dtype(numerical[0]) if numerical else np.dtype("float16")
         self._label_dtype = spec.dtype(spec.label_feature)
         self._cat_dtypes = [spec.dtype(names[i]) for i in self.categorical_indices]
+        self._cat_names = [names[i] for i in self.categorical_indices]
+        self._id_limits = [spec.id_limit(name) for name in self._cat_names]
         self._fds, self._paths = [], {}
         self._num_fd = self._open(files["numerical"]) if numerical else None
         self._label_fd = self._open(files["label"])
@@ -200,7 +219,16 @@ class SplitBinaryReader(BatchSource):
         self._pread_into(self._label_fd, label, lo * self._label_dtype.itemsize)
         for fd, dt, out in zip(self._cat_fds, self._cat_dtypes, categorical):
             self._pread_into(fd, out, start * dt.itemsize)
+        self._check_ids(categorical, start)
         return numerical, categorical, label
+
+    def _check_ids(self, categorical: list, start: int) -> None:
+        for fd, name, limit, ids in zip(self._cat_fds, self._cat_names, self._id_limits,
+                                        categorical):
+            bad = first_bad_id(ids, limit)
+            if bad is not None:
+                raise id_range_error(self.spec, name, ids[bad],
+                                     f"{self._paths[fd]} row {start + bad[0]}")
 
     def close(self):
         for fd in self._fds:
@@ -826,7 +854,9 @@ class ColumnarReader(BatchSource):
     Sharding as the split-binary reader: batch i is the global rows [i*B, (i+1)*B), and
     each rank gets its contiguous slice of it, so every row is read once per epoch across
     ranks. Multi-hot and sequence features come padded with 0 to their dimensions, with
-    their lengths under length_key(name)."""
+    their lengths under length_key(name). Every id of a feature with a cardinality is
+    checked against it (spec.id_limit: the family's convention); an id outside is a
+    DatasetError naming file, row (or record) and feature."""
 
     def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, rank: int = 0,
                  world_size: int = 1, shuffle: bool = False, seed: int = 0,
@@ -850,6 +880,8 @@ class ColumnarReader(BatchSource):
                 self.parts.append(_ParquetChunk(spec, chunk, names))
         super().__init__(batch_size, self._check_rows(), drop_last, rank, world_size,
                          shuffle, seed)
+        self._id_limits = {f: spec.id_limit(f) for p in self.parts for f in p.features
+                           if spec.id_limit(f) is not None}
 
     def _check_rows(self) -> int:
         counts = {tuple(p.paths): p.num_rows for p in self.parts}
@@ -873,6 +905,11 @@ class ColumnarReader(BatchSource):
         batch = {}
         for part in self.parts:
             batch.update(part.read(lo, hi))
+        for name, limit in self._id_limits.items():
+            bad = first_bad_id(batch[name], limit)
+            if bad is not None:
+                raise id_range_error(self.spec, name, batch[name][bad],
+                                     self.locate(lo + int(bad[0]), name))
         return batch
 
 

@@ -197,6 +197,8 @@ class FeatureSpec:
     channel_spec: dict
     metadata: dict = field(default_factory=dict)
     base_directory: str = "."
+    # The contract of the last validate(): its id convention bounds the readers' id checks.
+    contract: object = field(default=None, repr=False, compare=False)
 
     # ---- loading and saving -------------------------------------------------------------
     @classmethod
@@ -219,7 +221,8 @@ class FeatureSpec:
         atomic_write_text(path, yaml.safe_dump(_plain(self.to_dict()), sort_keys=False))
 
     def copy(self) -> "FeatureSpec":
-        return FeatureSpec(**self.to_dict(), base_directory=self.base_directory)
+        return FeatureSpec(**self.to_dict(), base_directory=self.base_directory,
+                           contract=self.contract)
 
     # ---- accessors ----------------------------------------------------------------------
     @property
@@ -253,6 +256,24 @@ class FeatureSpec:
     def cardinality(self, feature: str) -> int:
         return int(self.feature_spec[feature]["cardinality"])
 
+    def id_limit(self, feature: str):
+        """Largest valid id of a feature with an integer cardinality under the id convention
+        of the contract the spec was validated with: cardinality - 1, or cardinality where
+        ids count from 1 and 0 pads (SIM); None for a feature without a cardinality."""
+        card = (self.feature_spec.get(feature) or {}).get("cardinality")
+        if not _is_positive_int(card):
+            return None
+        return int(card) if self.ids_from_one else int(card) - 1
+
+    @property
+    def ids_from_one(self) -> bool:
+        return bool(getattr(self.contract, "ids_from_one", False))
+
+    @property
+    def id_convention(self) -> str:
+        return ("ids 1..cardinality, 0 = padding" if self.ids_from_one
+                else "ids 0..cardinality-1")
+
     @property
     def mappings(self) -> list:
         return list(self.source_spec.keys())
@@ -277,6 +298,7 @@ class FeatureSpec:
         """Raise FeatureSpecError (one line naming the culprit) unless the spec is well formed
         and fits the model family's channel contract (default: DLRM's)."""
         contract = contract or DLRM_CONTRACT
+        self.contract = contract
         self._validate_features()
         contract.check_channels(self)
         if not isinstance(self.source_spec, dict):
@@ -461,7 +483,9 @@ class ChannelRule:
 @dataclass(frozen=True)
 class ChannelContract:
     """A model family's channels and the chunk types it reads. check_chunk(spec, where,
-    features) and check_spec(spec) add rules that span several features or channels."""
+    features) and check_spec(spec) add rules that span several features or channels.
+    ids_from_one: the family's ids lie in 1..cardinality with 0 the padding (NVIDIA's SIM),
+    instead of 0..cardinality-1; the readers check ids against it."""
     model: str
     chunk_types: tuple
     channels: dict
@@ -469,6 +493,7 @@ class ChannelContract:
     nonempty_any: tuple = ()
     check_chunk: object = None
     check_spec: object = None
+    ids_from_one: bool = False
 
     def check_channels(self, spec: "FeatureSpec") -> None:
         cs = spec.channel_spec
