@@ -14,8 +14,8 @@ import tempfile
 
 import numpy as np
 
-from feature_spec import (TEST_MAPPING, TRAIN_MAPPING, FeatureSpec,  # noqa: F401
-                          FeatureSpecError)
+from feature_spec import (SPLIT_BINARY_CONTRACT, TEST_MAPPING, TRAIN_MAPPING,  # noqa: F401
+                          FeatureSpec, FeatureSpecError)
 
 
 class DatasetError(ValueError):
@@ -163,7 +163,7 @@ class SplitBinaryReader(BatchSource):
     def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, drop_last: bool = False,
                  rank: int = 0, world_size: int = 1, categorical_indices=None,
                  shuffle: bool = False, seed: int = 0):
-        spec.validate()
+        spec.validate(SPLIT_BINARY_CONTRACT)
         num_rows = check_mapping_files(spec, mapping)
         super().__init__(batch_size, num_rows, drop_last, rank, world_size, shuffle, seed)
         self.spec, self.mapping = spec, mapping
@@ -415,7 +415,7 @@ class SplitBinaryWriter(_StagedWriter):
 
     def __init__(self, output_dir: str, spec: FeatureSpec, overwrite: bool = False):
         spec = spec.copy()
-        spec.validate()
+        spec.validate(SPLIT_BINARY_CONTRACT)
         for mapping in spec.mappings:
             for chunk in spec.source_spec[mapping]:
                 rel = chunk["files"][0]
@@ -511,7 +511,7 @@ def open_dataset(dataset_path: str, feature_spec: str = "feature_spec.yaml") -> 
     path = feature_spec if os.path.isabs(feature_spec) else os.path.join(dataset_path,
                                                                          feature_spec)
     try:
-        return FeatureSpec.from_yaml(path).validate()
+        return FeatureSpec.from_yaml(path).validate(SPLIT_BINARY_CONTRACT)
     except FeatureSpecError as e:
         raise FeatureSpecError(f"{path}: {e}") from None
 

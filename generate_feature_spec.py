@@ -17,8 +17,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from feature_spec import (CRITEO_VARIANTS, KNOWN_MAPPINGS, LABEL_DTYPES, NUMERICAL_DTYPES,
-                          REQUIRED_MAPPINGS, FeatureSpec, FeatureSpecError)
+from dlrm_contract import CRITEO_VARIANTS, DLRM_CONTRACT, criteo_variant
+from feature_spec import (KNOWN_MAPPINGS, LABEL_DTYPES, NUMERICAL_DTYPES, REQUIRED_MAPPINGS,
+                          FeatureSpec, FeatureSpecError)
 
 
 def _cardinalities(text: str) -> list:
@@ -58,7 +59,7 @@ def parse_args(argv=None):
 def build_spec(args) -> FeatureSpec:
     mappings = [m for m in args.mappings.split(",") if m]
     if args.variant:
-        base = FeatureSpec.get_variant(args.variant)
+        base = criteo_variant(args.variant)
         num_numerical = len(base.numerical_features)
         if args.num_numerical not in (None, num_numerical):
             raise FeatureSpecError(f"--num_numerical {args.num_numerical} contradicts variant "
@@ -74,7 +75,7 @@ def build_spec(args) -> FeatureSpec:
                                    label_dtype=args.label_dtype)
     if args.variant:
         spec.metadata["variant"] = args.variant
-    return spec.validate()
+    return spec.validate(DLRM_CONTRACT)
 
 
 def main(argv=None) -> int:

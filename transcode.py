@@ -51,11 +51,12 @@ import pandas as pd
 from datasets import COLUMNAR_FORMATS, ColumnarWriter, DatasetError, SplitBinaryWriter
 from feature_spec import (AUTO_CARDINALITY, CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES,
                           COLUMNAR_LABEL_DTYPES, COLUMNAR_NUMERICAL_DTYPES, CSV,
-                          DEFAULT_FILENAME, DLRM_CONTRACT, KNOWN_MAPPINGS, LABEL_CHANNEL,
+                          DEFAULT_FILENAME, KNOWN_MAPPINGS, LABEL_CHANNEL,
                           LABEL_DTYPES, MAX_HOTNESS, NUMERICAL_CHANNEL, NUMERICAL_DTYPES,
                           PARQUET, SPLIT_BINARY, TFRECORD, FeatureSpec, FeatureSpecError,
                           dtype_name, allowed_dtype, check_mapping_names, feature_hotness,
                           narrowest_int_dtype, read_spec_yaml)
+from dlrm_contract import DLRM_CONTRACT
 from sim.contract import SIM_CONTRACT
 from wide_and_deep.contract import WIDE_DEEP_CONTRACT
 
@@ -335,7 +336,7 @@ def output_spec(spec: FeatureSpec, cardinalities: dict) -> FeatureSpec:
                                   numerical_names=spec.numerical_features,
                                   categorical_names=spec.categorical_features,
                                   label_name=spec.label_feature)
-    return out.validate()
+    return out.validate(DLRM_CONTRACT)
 
 
 def _columnar_categorical_dtype(props: dict, cardinality: int) -> str:

@@ -29,6 +29,7 @@ import time
 import numpy as np
 from datasets import (DatasetError, SplitBinaryReader, SplitBinaryWriter, SyntheticSource,
                       open_dataset)
+from dlrm_contract import DLRM_CONTRACT
 from feature_spec import (CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES, DEFAULT_FILENAME,
                           LABEL_CHANNEL, LABEL_DTYPES, NUMERICAL_CHANNEL, NUMERICAL_DTYPES,
                           REQUIRED_MAPPINGS, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec,
@@ -109,7 +110,7 @@ def spec_shape(path: str) -> FeatureSpec:
                                    numerical_dtype=num_dtype, label_dtype=label_dtype,
                                    categorical_dtypes=cat_dtypes, numerical_names=numerical,
                                    categorical_names=categorical,
-                                   label_name=labels[0]).validate()
+                                   label_name=labels[0]).validate(DLRM_CONTRACT)
 
 
 class Progress:
