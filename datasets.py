@@ -317,9 +317,15 @@ class SyntheticSource(BatchSource):
 class StagedDirectory:
     """An output directory built in a temporary sibling and renamed into place by publish(),
     so a crash never leaves half an output. A non-empty existing output is refused unless
-    overwrite=True, and then replaced only once the new one is complete."""
+    overwrite=True, and then replaced only once the new one is complete. shared=True stages
+    in shared_tmp_dir(output_dir) (a stale one is cleared): a name that the other processes
+    of a multi-process writer know without being told."""
 
-    def __init__(self, output_dir: str, overwrite: bool = False):
+    @staticmethod
+    def shared_tmp_dir(output_dir: str) -> str:
+        return os.path.abspath(output_dir) + ".tmp"
+
+    def __init__(self, output_dir: str, overwrite: bool = False, shared: bool = False):
         self.output_dir = os.path.abspath(output_dir)
         if os.path.exists(self.output_dir):
             if not os.path.isdir(self.output_dir):
@@ -329,8 +335,13 @@ class StagedDirectory:
                                    f"refusing to write into it (pass overwrite to replace it)")
         parent = os.path.dirname(self.output_dir)
         os.makedirs(parent, exist_ok=True)
-        self.tmp_dir = tempfile.mkdtemp(dir=parent,
-                                        prefix=f".{os.path.basename(self.output_dir)}.tmp-")
+        if shared:
+            self.tmp_dir = self.shared_tmp_dir(output_dir)
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            os.makedirs(self.tmp_dir)
+        else:
+            self.tmp_dir = tempfile.mkdtemp(dir=parent,
+                                            prefix=f".{os.path.basename(self.output_dir)}.tmp-")
 
     def publish(self) -> None:
         if os.path.exists(self.output_dir):
