@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cli import run_cli
 from dlrm_contract import CRITEO_VARIANTS, DLRM_CONTRACT, criteo_variant
 from feature_spec import (KNOWN_MAPPINGS, LABEL_DTYPES, NUMERICAL_DTYPES, REQUIRED_MAPPINGS,
                           FeatureSpec, FeatureSpecError)
@@ -80,16 +81,14 @@ def build_spec(args) -> FeatureSpec:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
+
+    def work():
         spec = build_spec(args)
-    except FeatureSpecError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    spec.to_yaml(args.dst)
-    print(f"wrote {args.dst}: {len(spec.numerical_features)} numerical, "
-          f"{len(spec.categorical_features)} categorical features "
-          f"(total cardinality {sum(spec.cardinalities):,}), mappings {spec.mappings}")
-    return 0
+        spec.to_yaml(args.dst)
+        return (f"wrote {args.dst}: {len(spec.numerical_features)} numerical, "
+                f"{len(spec.categorical_features)} categorical features "
+                f"(total cardinality {sum(spec.cardinalities):,}), mappings {spec.mappings}")
+    return run_cli(work)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ import time
 import numpy as np
 import pandas as pd
 
+from cli import run_cli
 from datasets import COLUMNAR_FORMATS, ColumnarWriter, DatasetError, SplitBinaryWriter
 from feature_spec import (AUTO_CARDINALITY, CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES,
                           COLUMNAR_LABEL_DTYPES, COLUMNAR_NUMERICAL_DTYPES, CSV,
@@ -531,16 +532,14 @@ def _cardinalities(spec: FeatureSpec) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
-    try:
+
+    def work():
         spec = transcode(args.input, args.output, args.chunk_size, args.overwrite,
                          args.feature_spec, quiet=args.quiet, output_format=args.output_format)
-    except (FeatureSpecError, DatasetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    rows = spec.metadata.get("rows", {})
-    print(f"wrote {args.output}: " + ", ".join(f"{m} {n:,} rows" for m, n in rows.items()) +
-          f"; cardinalities {_cardinalities(spec)} ({time.perf_counter() - t0:.1f} s)")
-    return 0
+        rows = spec.metadata.get("rows", {})
+        return (f"wrote {args.output}: " + ", ".join(f"{m} {n:,} rows" for m, n in rows.items())
+                + f"; cardinalities {_cardinalities(spec)} ({time.perf_counter() - t0:.1f} s)")
+    return run_cli(work, errors=(ValueError,))
 
 
 if __name__ == "__main__":
