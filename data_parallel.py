@@ -23,4 +23,3 @@ def gather_to_root(comm, array: np.ndarray):
     holds them, so evaluation memory per rank does not grow with the world size."""
     gathered = comm.gather_to_root(np.asarray(array))
     return np.asarray(gathered) if comm.rank == 0 else None
-
