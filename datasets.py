@@ -134,15 +134,19 @@ def check_mapping_files(spec: FeatureSpec, mapping: str) -> int:
     return expected
 
 
+_UNSIGNED = {np.dtype(f"{k}{n}"): np.dtype(f"u{n}") for k in "iu" for n in (1, 2, 4, 8)}
+
+
 def first_bad_id(ids: np.ndarray, limit: int):
     """Index of the first id of `ids` outside [0, limit], or None. One pass over the batch:
     viewed unsigned, a negative id is larger than any limit."""
-    if not ids.size or ids.dtype.kind not in "iu":
+    unsigned = _UNSIGNED.get(ids.dtype)
+    if unsigned is None or not ids.size:
         return None
-    unsigned = ids.view(f"u{ids.dtype.itemsize}")
-    if unsigned.max() <= limit:
+    ids = ids.view(unsigned)
+    if ids.max() <= limit:
         return None
-    return np.unravel_index(int(np.argmax(unsigned > limit)), ids.shape)
+    return np.unravel_index(int(np.argmax(ids > limit)), ids.shape)
 
 
 def id_range_error(spec: FeatureSpec, name: str, value, where: str) -> DatasetError:
