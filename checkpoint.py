@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 
 import numpy as np
 
+from datasets import StagedDirectory
 from feature_spec import atomic_write_text
 
 FORMAT_VERSION = 1
@@ -51,10 +51,8 @@ def save(path: str, trainer, position: dict) -> None:
     """position: {'step', 'epoch', 'batch_in_epoch'} of the next batch to train on."""
     comm, model, optimizer = trainer.comm, trainer.model, trainer.optimizer
     path = os.path.abspath(path)
-    tmp = path + ".tmp"
-    if comm.rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
+    staged = StagedDirectory(path, overwrite=True, shared=True) if comm.rank == 0 else None
+    tmp = StagedDirectory.shared_tmp_dir(path)
     comm.barrier()
     plan = model.plan
     table_keys = {var.ref(): f"table/{i}" for i, (_, var) in enumerate(trainer.table_pairs)}
@@ -94,21 +92,8 @@ def save(path: str, trainer, position: dict) -> None:
                 continue
             for slot in slots:
                 _join_pieces(tmp, plan, table, slot)
-        _swap_into_place(tmp, path)
+        staged.publish()
     comm.barrier()
-
-
-def _swap_into_place(tmp: str, path: str) -> None:
-    """Replace the checkpoint at path by the complete one at tmp; the old one is removed only
-    after the new one is in place."""
-    if os.path.exists(path):
-        old = path + ".old"
-        shutil.rmtree(old, ignore_errors=True)
-        os.rename(path, old)
-        os.rename(tmp, path)
-        shutil.rmtree(old)
-    else:
-        os.rename(tmp, path)
 
 
 def _join_pieces(directory: str, plan, table: int, slot: str) -> None:
@@ -198,19 +183,16 @@ ARRAYS_FILE = "arrays.npz"
 
 
 def save_arrays(path: str, arrays: dict, meta: dict, comm) -> None:
-    """Rank 0 writes {name: array} and meta into path + '.tmp', then swaps it in for the
+    """Rank 0 writes {name: array} and meta into a staged directory, then swaps it in for the
     previous checkpoint, which stays until the new one is complete. Every rank holds the
     same replica, so the checkpoint does not depend on the world size."""
     path = os.path.abspath(path)
     if comm.rank == 0:
-        tmp = path + ".tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        os.makedirs(tmp)
-        np.savez(os.path.join(tmp, ARRAYS_FILE), **arrays)
-        atomic_write_text(os.path.join(tmp, "meta.json"),
-                          json.dumps(dict(meta, format_version=FORMAT_VERSION,
-                                          saved_world_size=comm.size), indent=1))
-        _swap_into_place(tmp, path)
+        with StagedDirectory(path, overwrite=True, shared=True) as staged:
+            np.savez(os.path.join(staged.tmp_dir, ARRAYS_FILE), **arrays)
+            atomic_write_text(os.path.join(staged.tmp_dir, "meta.json"),
+                              json.dumps(dict(meta, format_version=FORMAT_VERSION,
+                                              saved_world_size=comm.size), indent=1))
     comm.barrier()
 
 

@@ -8,7 +8,6 @@ sum of the ranks' gradients is the gradient of the global mean loss.
 from __future__ import annotations
 
 import numpy as np
-import tensorflow as tf
 
 
 def sum_gradients(comm, grads: list) -> list:
@@ -24,8 +23,3 @@ def gather_to_root(comm, array: np.ndarray):
     holds them, so evaluation memory per rank does not grow with the world size."""
     gathered = comm.gather_to_root(np.asarray(array))
     return np.asarray(gathered) if comm.rank == 0 else None
-
-
-def local_loss_scale(global_rows) -> tf.Tensor:
-    """Factor turning a rank's summed per-row loss into its share of the global mean."""
-    return 1.0 / tf.cast(tf.maximum(global_rows, 1), tf.float32)

@@ -13,8 +13,8 @@ import tensorflow as tf
 
 from datasets import (LENGTH_SUFFIX, BatchSource, DatasetError, SplitBinaryReader,
                       SyntheticSource)
-from embedding import PlacementPlan
 from feature_spec import FeatureSpec
+from placement import PlacementPlan
 
 # The last DatasetError raised by a read inside tf.numpy_function: TensorFlow re-raises it
 # as a multi-line OpError, and reader_errors_surfaced() gives the CLIs the one-line original back.

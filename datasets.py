@@ -14,8 +14,8 @@ import tempfile
 
 import numpy as np
 
-from feature_spec import (TEST_MAPPING, TRAIN_MAPPING, FeatureSpec,  # noqa: F401
-                          FeatureSpecError)
+from feature_spec import (SPLIT_BINARY_CONTRACT, TEST_MAPPING, TRAIN_MAPPING,  # noqa: F401
+                          FeatureSpec, FeatureSpecError)
 
 
 class DatasetError(ValueError):
@@ -134,19 +134,40 @@ def check_mapping_files(spec: FeatureSpec, mapping: str) -> int:
     return expected
 
 
+_UNSIGNED = {np.dtype(f"{k}{n}"): np.dtype(f"u{n}") for k in "iu" for n in (1, 2, 4, 8)}
+
+
+def first_bad_id(ids: np.ndarray, limit: int):
+    """Index of the first id of `ids` outside [0, limit], or None. One pass over the batch:
+    viewed unsigned, a negative id is larger than any limit."""
+    unsigned = _UNSIGNED.get(ids.dtype)
+    if unsigned is None or not ids.size:
+        return None
+    ids = ids.view(unsigned)
+    if ids.max() <= limit:
+        return None
+    return np.unravel_index(int(np.argmax(ids > limit)), ids.shape)
+
+
+def id_range_error(spec: FeatureSpec, name: str, value, where: str) -> DatasetError:
+    return DatasetError(f"{where}: feature '{name}' has id {value}, outside "
+                        f"[0, {spec.id_limit(name)}] ({spec.id_convention})")
+
+
 class SplitBinaryReader(BatchSource):
     """Reads batches of one mapping of a split-binary dataset with positioned reads.
 
     Every file is size-checked against the spec when the reader is made (DatasetError names
     a truncated or missing file). get(i) reads batch i of the file order with one positioned
     read per file: the rank's slice of the numerical block and of the labels, and the whole
-    global batch of each categorical feature in categorical_indices (default: all).
+    global batch of each categorical feature in categorical_indices (default: all), whose
+    ids are checked against the cardinality (DatasetError naming file, row and feature).
     """
 
     def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, drop_last: bool = False,
                  rank: int = 0, world_size: int = 1, categorical_indices=None,
                  shuffle: bool = False, seed: int = 0):
-        spec.validate()
+        spec.validate(SPLIT_BINARY_CONTRACT)
         num_rows = check_mapping_files(spec, mapping)
         super().__init__(batch_size, num_rows, drop_last, rank, world_size, shuffle, seed)
         self.spec, self.mapping = spec, mapping
@@ -162,6 +183,8 @@ class SplitBinaryReader(BatchSource):
         self._num_dtype = spec.dtype(numerical[0]) if numerical else np.dtype("float16")
         self._label_dtype = spec.dtype(spec.label_feature)
         self._cat_dtypes = [spec.dtype(names[i]) for i in self.categorical_indices]
+        self._cat_names = [names[i] for i in self.categorical_indices]
+        self._id_limits = [spec.id_limit(name) for name in self._cat_names]
         self._fds, self._paths = [], {}
         self._num_fd = self._open(files["numerical"]) if numerical else None
         self._label_fd = self._open(files["label"])
@@ -200,7 +223,16 @@ class SplitBinaryReader(BatchSource):
         self._pread_into(self._label_fd, label, lo * self._label_dtype.itemsize)
         for fd, dt, out in zip(self._cat_fds, self._cat_dtypes, categorical):
             self._pread_into(fd, out, start * dt.itemsize)
+        self._check_ids(categorical, start)
         return numerical, categorical, label
+
+    def _check_ids(self, categorical: list, start: int) -> None:
+        for fd, name, limit, ids in zip(self._cat_fds, self._cat_names, self._id_limits,
+                                        categorical):
+            bad = first_bad_id(ids, limit)
+            if bad is not None:
+                raise id_range_error(self.spec, name, ids[bad],
+                                     f"{self._paths[fd]} row {start + bad[0]}")
 
     def close(self):
         for fd in self._fds:
@@ -289,9 +321,15 @@ class SyntheticSource(BatchSource):
 class StagedDirectory:
     """An output directory built in a temporary sibling and renamed into place by publish(),
     so a crash never leaves half an output. A non-empty existing output is refused unless
-    overwrite=True, and then replaced only once the new one is complete."""
+    overwrite=True, and then replaced only once the new one is complete. shared=True stages
+    in shared_tmp_dir(output_dir) (a stale one is cleared): a name that the other processes
+    of a multi-process writer know without being told."""
 
-    def __init__(self, output_dir: str, overwrite: bool = False):
+    @staticmethod
+    def shared_tmp_dir(output_dir: str) -> str:
+        return os.path.abspath(output_dir) + ".tmp"
+
+    def __init__(self, output_dir: str, overwrite: bool = False, shared: bool = False):
         self.output_dir = os.path.abspath(output_dir)
         if os.path.exists(self.output_dir):
             if not os.path.isdir(self.output_dir):
@@ -301,8 +339,13 @@ class StagedDirectory:
                                    f"refusing to write into it (pass overwrite to replace it)")
         parent = os.path.dirname(self.output_dir)
         os.makedirs(parent, exist_ok=True)
-        self.tmp_dir = tempfile.mkdtemp(dir=parent,
-                                        prefix=f".{os.path.basename(self.output_dir)}.tmp-")
+        if shared:
+            self.tmp_dir = self.shared_tmp_dir(output_dir)
+            shutil.rmtree(self.tmp_dir, ignore_errors=True)
+            os.makedirs(self.tmp_dir)
+        else:
+            self.tmp_dir = tempfile.mkdtemp(dir=parent,
+                                            prefix=f".{os.path.basename(self.output_dir)}.tmp-")
 
     def publish(self) -> None:
         if os.path.exists(self.output_dir):
@@ -387,7 +430,7 @@ class SplitBinaryWriter(_StagedWriter):
 
     def __init__(self, output_dir: str, spec: FeatureSpec, overwrite: bool = False):
         spec = spec.copy()
-        spec.validate()
+        spec.validate(SPLIT_BINARY_CONTRACT)
         for mapping in spec.mappings:
             for chunk in spec.source_spec[mapping]:
                 rel = chunk["files"][0]
@@ -483,7 +526,7 @@ def open_dataset(dataset_path: str, feature_spec: str = "feature_spec.yaml") -> 
     path = feature_spec if os.path.isabs(feature_spec) else os.path.join(dataset_path,
                                                                          feature_spec)
     try:
-        return FeatureSpec.from_yaml(path).validate()
+        return FeatureSpec.from_yaml(path).validate(SPLIT_BINARY_CONTRACT)
     except FeatureSpecError as e:
         raise FeatureSpecError(f"{path}: {e}") from None
 
@@ -826,7 +869,9 @@ class ColumnarReader(BatchSource):
     Sharding as the split-binary reader: batch i is the global rows [i*B, (i+1)*B), and
     each rank gets its contiguous slice of it, so every row is read once per epoch across
     ranks. Multi-hot and sequence features come padded with 0 to their dimensions, with
-    their lengths under length_key(name)."""
+    their lengths under length_key(name). Every id of a feature with a cardinality is
+    checked against it (spec.id_limit: the family's convention); an id outside is a
+    DatasetError naming file, row (or record) and feature."""
 
     def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, rank: int = 0,
                  world_size: int = 1, shuffle: bool = False, seed: int = 0,
@@ -850,6 +895,8 @@ class ColumnarReader(BatchSource):
                 self.parts.append(_ParquetChunk(spec, chunk, names))
         super().__init__(batch_size, self._check_rows(), drop_last, rank, world_size,
                          shuffle, seed)
+        self._id_limits = {f: spec.id_limit(f) for p in self.parts for f in p.features
+                           if spec.id_limit(f) is not None}
 
     def _check_rows(self) -> int:
         counts = {tuple(p.paths): p.num_rows for p in self.parts}
@@ -873,6 +920,11 @@ class ColumnarReader(BatchSource):
         batch = {}
         for part in self.parts:
             batch.update(part.read(lo, hi))
+        for name, limit in self._id_limits.items():
+            bad = first_bad_id(batch[name], limit)
+            if bad is not None:
+                raise id_range_error(self.spec, name, batch[name][bad],
+                                     self.locate(lo + int(bad[0]), name))
         return batch
 
 

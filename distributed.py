@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from embedding import Communicator
+from comm import Communicator
 
 # set by horovodrun (Gloo), mpirun (Open MPI / MPICH) and srun --mpi=pmix respectively
 LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")

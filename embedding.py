@@ -15,93 +15,14 @@ Strategy (deterministic, memory balanced):
 """
 from __future__ import annotations
 
-import contextlib
 import math
-from dataclasses import dataclass
 
 import tensorflow as tf
 
+from comm import ALLTOALL_NAMES, Communicator  # noqa: F401 (trainer.py imports the names)
 from datasets import local_row_bounds
-from initializers import embedding_uniform_chunks
-
-BYTES_PER_ELEMENT = 4  # tables are stored in float32, also under mixed precision
-# the lookup exchange's collectives (forward, backward), fixed names on every rank
-ALLTOALL_NAMES = ("embedding_alltoall", "embedding_alltoall_grad")
-
-
-def table_variable(rows: int, dim: int, seed: int, table: int, col_start: int = 0,
-                   col_stop: int = None, trainable: bool = True, name: str = None) -> tf.Variable:
-    """Columns [col_start, col_stop) of embedding table `table` as a plain tf.Variable (looked
-    up with tf.nn.embedding_lookup, updated by sparse row updates), initialised uniform in
-    +-sqrt(1/rows). Filled in row chunks: a whole numpy copy would double peak host memory."""
-    col_stop = dim if col_stop is None else col_stop
-    var = tf.Variable(tf.zeros([rows, col_stop - col_start]), trainable=trainable, name=name)
-    for start, block in embedding_uniform_chunks(rows, dim, seed, table, col_start, col_stop):
-        # the raw op writes in place; var[a:b].assign() first reads the variable, and that
-        # shared buffer makes the write copy the whole table
-        tf.raw_ops.ResourceStridedSliceAssign(ref=var.handle, begin=[start],
-                                              end=[start + block.shape[0]], strides=[1],
-                                              value=block)
-    return var
-
-
-@dataclass(frozen=True)
-class TablePiece:
-    table: int
-    rows: int
-    col_start: int
-    col_stop: int
-    rank: int
-
-    @property
-    def width(self) -> int:
-        return self.col_stop - self.col_start
-
-    @property
-    def bytes(self) -> int:
-        return self.rows * self.width * BYTES_PER_ELEMENT
-
-
-@dataclass(frozen=True)
-class PlacementPlan:
-    world_size: int
-    dim: int
-    cardinalities: tuple
-    pieces: tuple          # model-parallel pieces, sorted by (rank, table, col_start)
-    replicated: tuple      # table ids held whole by every rank
-
-    @property
-    def num_tables(self) -> int:
-        return len(self.cardinalities)
-
-    def pieces_on(self, rank: int) -> list:
-        return [p for p in self.pieces if p.rank == rank]
-
-    def pieces_of(self, table: int) -> list:
-        return sorted((p for p in self.pieces if p.table == table), key=lambda p: p.col_start)
-
-    def tables_read_by(self, rank: int) -> list:
-        """Categorical features whose ids this rank reads (for the whole global batch)."""
-        return sorted({p.table for p in self.pieces_on(rank)} | set(self.replicated))
-
-    def bytes_on(self, rank: int) -> int:
-        replicated = sum(self.cardinalities[t] * self.dim for t in self.replicated)
-        return sum(p.bytes for p in self.pieces_on(rank)) + replicated * BYTES_PER_ELEMENT
-
-    def describe(self) -> str:
-        lines = [f"placement plan: {self.num_tables} tables, dim {self.dim}, "
-                 f"world size {self.world_size}"]
-        for t, rows in enumerate(self.cardinalities):
-            if t in self.replicated:
-                where = "replicated on every rank"
-            else:
-                where = ", ".join(f"rank {p.rank} cols {p.col_start}:{p.col_stop}"
-                                  if len(self.pieces_of(t)) > 1 else f"rank {p.rank}"
-                                  for p in self.pieces_of(t))
-            lines.append(f"  table {t:3d}  {rows:>12,d} rows  -> {where}")
-        for r in range(self.world_size):
-            lines.append(f"  rank {r}: {self.bytes_on(r) / 2**20:,.1f} MiB of tables")
-        return "\n".join(lines)
+from layers import table_variable
+from placement import BYTES_PER_ELEMENT, PlacementPlan, TablePiece
 
 
 def make_plan(cardinalities, dim: int, world_size: int = 1, column_slice_threshold: int = 0,
@@ -134,38 +55,6 @@ def make_plan(cardinalities, dim: int, world_size: int = 1, column_slice_thresho
         pieces.append(TablePiece(table, rows, c0, c1, rank))
     pieces.sort(key=lambda p: (p.rank, p.table, p.col_start))
     return PlacementPlan(world_size, dim, cardinalities, tuple(pieces), tuple(replicated))
-
-
-class Communicator:
-    """Collectives used by the embedding layer and the training loop; this one is a single
-    process (world size 1), where every collective is the identity."""
-
-    rank = 0
-    size = 1
-
-    def alltoall(self, tensor, splits):
-        return tensor
-
-    def allreduce_sum(self, tensor, name=None):
-        return tensor
-
-    def gather_to_root(self, array):
-        """Every rank's 1-D array concatenated in rank order on rank 0 (empty elsewhere)."""
-        return array
-
-    def broadcast_from_root(self, array):
-        return array
-
-    def broadcast_variables(self, variables):
-        pass
-
-    def barrier(self):
-        pass
-
-    def waiting(self, what: str, step: int):
-        """Context of a wait on collectives (what, at which step): bounded by the stall
-        limit in several processes; nothing to bound in one."""
-        return contextlib.nullcontext()
 
 
 class EmbeddingLayer(tf.Module):

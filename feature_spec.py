@@ -52,26 +52,6 @@ DEFAULT_FILENAME = "feature_spec.yaml"
 # (NVIDIA's Wide & Deep specs carry no dtypes).
 DEFAULT_DTYPES = {"categorical": "int64", "id": "int64", "numerical": "float32", "label": "int8"}
 
-# Cardinalities of the 26 categorical features of the Criteo 1TB click logs after
-# preprocessing with frequency thresholds 15, 3 and 0 (values seen fewer times than the
-# threshold share one id), in the feature order NVIDIA's DLRM_and_DCNv2 TensorFlow 2 example
-# uses for its synthetic variants criteo_t15/t3/t0_synthetic (checked against the `variants`
-# table of TensorFlow2/Recommendation/DLRM_and_DCNv2/dataloading/generate_feature_spec.py in
-# NVIDIA/DeepLearningExamples, commit d53419f). Their t3 and t0 lists are not in the t15
-# (C1..C26) order; they are kept exactly as published so that the shapes match.
-CRITEO_CARDINALITIES = {
-    15: [7912889, 33823, 17139, 7339, 20046, 4, 7105, 1382, 63, 5554114, 582469, 245828, 11,
-         2209, 10667, 104, 4, 968, 15, 8165896, 2675940, 7156453, 302516, 12022, 97, 35],
-    3: [45833188, 36747, 1572176, 345139, 11, 2209, 11268, 128, 4, 975, 15, 48937457, 17246,
-        11316796, 40094537, 452104, 12607, 105, 36, 7414, 20244, 4, 7115, 1442, 63, 29275261],
-    0: [227605432, 39061, 3067956, 405283, 11, 2209, 11939, 155, 4, 977, 15, 292775614, 17296,
-        40790948, 187188510, 590152, 12974, 109, 37, 7425, 20266, 4, 7123, 1544, 64,
-        130229467],
-}
-CRITEO_NUM_NUMERICAL = 13
-CRITEO_VARIANTS = {f"criteo_t{t}_synthetic": t for t in CRITEO_CARDINALITIES}
-
-
 class FeatureSpecError(ValueError):
     """A FeatureSpec that this model cannot use; the message names the culprit."""
 
@@ -197,6 +177,8 @@ class FeatureSpec:
     channel_spec: dict
     metadata: dict = field(default_factory=dict)
     base_directory: str = "."
+    # The contract of the last validate(): its id convention bounds the readers' id checks.
+    contract: object = field(default=None, repr=False, compare=False)
 
     # ---- loading and saving -------------------------------------------------------------
     @classmethod
@@ -219,7 +201,8 @@ class FeatureSpec:
         atomic_write_text(path, yaml.safe_dump(_plain(self.to_dict()), sort_keys=False))
 
     def copy(self) -> "FeatureSpec":
-        return FeatureSpec(**self.to_dict(), base_directory=self.base_directory)
+        return FeatureSpec(**self.to_dict(), base_directory=self.base_directory,
+                           contract=self.contract)
 
     # ---- accessors ----------------------------------------------------------------------
     @property
@@ -253,6 +236,24 @@ class FeatureSpec:
     def cardinality(self, feature: str) -> int:
         return int(self.feature_spec[feature]["cardinality"])
 
+    def id_limit(self, feature: str):
+        """Largest valid id of a feature with an integer cardinality under the id convention
+        of the contract the spec was validated with: cardinality - 1, or cardinality where
+        ids count from 1 and 0 pads (SIM); None for a feature without a cardinality."""
+        card = (self.feature_spec.get(feature) or {}).get("cardinality")
+        if not _is_positive_int(card):
+            return None
+        return int(card) if self.ids_from_one else int(card) - 1
+
+    @property
+    def ids_from_one(self) -> bool:
+        return bool(getattr(self.contract, "ids_from_one", False))
+
+    @property
+    def id_convention(self) -> str:
+        return ("ids 1..cardinality, 0 = padding" if self.ids_from_one
+                else "ids 0..cardinality-1")
+
     @property
     def mappings(self) -> list:
         return list(self.source_spec.keys())
@@ -275,10 +276,12 @@ class FeatureSpec:
     # ---- validation ---------------------------------------------------------------------
     def validate(self, contract: "ChannelContract" = None) -> "FeatureSpec":
         """Raise FeatureSpecError (one line naming the culprit) unless the spec is well formed
-        and fits the model family's channel contract (default: DLRM's)."""
-        contract = contract or DLRM_CONTRACT
+        and fits the channel contract (a model family's or a format's; None: the structural
+        checks only, any chunk type, no channel rules)."""
+        self.contract = contract
         self._validate_features()
-        contract.check_channels(self)
+        if contract is not None:
+            contract.check_channels(self)
         if not isinstance(self.source_spec, dict):
             raise FeatureSpecError("source_spec: expected a mapping of mapping names")
         check_mapping_names(self.source_spec)
@@ -318,10 +321,11 @@ class FeatureSpec:
                 where += f" ({chunk['files'][0]})"
             if not isinstance(chunk, dict):
                 raise FeatureSpecError(f"{where}: expected a mapping with type, features, files")
-            if chunk.get("type") not in contract.chunk_types:
-                raise FeatureSpecError(f"{where}: type must be one of "
-                                       f"{list(contract.chunk_types)} for {contract.model}, "
-                                       f"found {chunk.get('type')!r}")
+            types, reader = ((contract.chunk_types, contract.model) if contract
+                             else (CHUNK_TYPES, "a FeatureSpec"))
+            if chunk.get("type") not in types:
+                raise FeatureSpecError(f"{where}: type must be one of {list(types)} for "
+                                       f"{reader}, found {chunk.get('type')!r}")
             self._check_chunk_files(chunk, where, mapping, index, file_owner)
             features = chunk.get("features")
             if not isinstance(features, list) or not features:
@@ -339,9 +343,9 @@ class FeatureSpec:
             stray = [n for n in features if self.channel_of(n) is None]
             if stray:
                 raise FeatureSpecError(f"{where}: feature(s) {stray} belong to no channel")
-            if contract.check_chunk:
+            if contract and contract.check_chunk:
                 contract.check_chunk(self, where, features)
-        for channel, rule in contract.channels.items():
+        for channel, rule in (contract.channels if contract else {}).items():
             if rule.mappings is not None and mapping not in rule.mappings:
                 continue
             for name in self.channel(channel):
@@ -417,13 +421,6 @@ class FeatureSpec:
                         LABEL_CHANNEL: [label_name]}
         return cls(feature_spec, source_spec, channel_spec, {})
 
-    @classmethod
-    def get_variant(cls, variant: str) -> "FeatureSpec":
-        if variant not in CRITEO_VARIANTS:
-            raise FeatureSpecError(f"unknown feature spec variant '{variant}', expected one of "
-                                   f"{sorted(CRITEO_VARIANTS)}")
-        return cls.get_default(CRITEO_NUM_NUMERICAL, CRITEO_CARDINALITIES[CRITEO_VARIANTS[variant]])
-
 
 # ---- channel contracts: what a model family reads ---------------------------------------
 @dataclass(frozen=True)
@@ -461,7 +458,9 @@ class ChannelRule:
 @dataclass(frozen=True)
 class ChannelContract:
     """A model family's channels and the chunk types it reads. check_chunk(spec, where,
-    features) and check_spec(spec) add rules that span several features or channels."""
+    features) and check_spec(spec) add rules that span several features or channels.
+    ids_from_one: the family's ids lie in 1..cardinality with 0 the padding (NVIDIA's SIM),
+    instead of 0..cardinality-1; the readers check ids against it."""
     model: str
     chunk_types: tuple
     channels: dict
@@ -469,6 +468,7 @@ class ChannelContract:
     nonempty_any: tuple = ()
     check_chunk: object = None
     check_spec: object = None
+    ids_from_one: bool = False
 
     def check_channels(self, spec: "FeatureSpec") -> None:
         cs = spec.channel_spec
@@ -571,7 +571,7 @@ def _check_feature(spec: "FeatureSpec", name: str, channel: str, rule: ChannelRu
                                f"dimensions [d] or max_hotness d (values per row), found none")
 
 
-def _check_dlrm_chunk(spec: "FeatureSpec", where: str, features: list) -> None:
+def _check_split_binary_chunk(spec: "FeatureSpec", where: str, features: list) -> None:
     """Split-binary layout: one channel per file, categorical features and the label alone,
     the numerical block whole and in channel order."""
     channels = {spec.channel_of(n) for n in features}
@@ -588,10 +588,12 @@ def _check_dlrm_chunk(spec: "FeatureSpec", where: str, features: list) -> None:
                                f"in channel order {numerical}, found {features}")
 
 
-DLRM_CONTRACT = ChannelContract(
-    model="DLRM", chunk_types=(SPLIT_BINARY,),
+# The split-binary format's layout, which SplitBinaryReader/Writer read and write; DLRM's
+# contract (dlrm_contract.py) is this one.
+SPLIT_BINARY_CONTRACT = ChannelContract(
+    model="the split-binary format", chunk_types=(SPLIT_BINARY,),
     channels={CATEGORICAL_CHANNEL: ChannelRule("categorical"),
               NUMERICAL_CHANNEL: ChannelRule("numerical", same_dtype=True),
               LABEL_CHANNEL: ChannelRule("label", 1, 1, dtypes=LABEL_DTYPES)},
     required_channels=CHANNELS, nonempty_any=(CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL),
-    check_chunk=_check_dlrm_chunk)
+    check_chunk=_check_split_binary_chunk)

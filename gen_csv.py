@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 
 import numpy as np
 import pandas as pd
 
-from datasets import DatasetError
-from feature_spec import CHUNK_TYPES, DEFAULT_FILENAME, FeatureSpecError
+from cli import run_cli
+from datasets import DatasetError, StagedDirectory
+from feature_spec import CHUNK_TYPES, DEFAULT_FILENAME
 from transcode import AUTO, CSV, SEPARATOR, is_float_feature, load_csv_spec
 
 
@@ -88,7 +87,6 @@ def _add_files(tmp: str, output: str, overwrite: bool) -> None:
     for name in names:
         os.makedirs(os.path.dirname(os.path.join(output, name)), exist_ok=True)
         os.replace(os.path.join(tmp, name), os.path.join(output, name))
-    shutil.rmtree(tmp)
 
 
 def generate(spec_in: str, output: str = None, size: int = 100_000, seed: int = 0,
@@ -100,13 +98,9 @@ def generate(spec_in: str, output: str = None, size: int = 100_000, seed: int = 
     spec = _as_csv_spec(spec)
     beside = output is None
     output = os.path.abspath(output or os.path.dirname(os.path.abspath(spec_in)))
-    if not beside and os.path.exists(output) and \
-            (not os.path.isdir(output) or os.listdir(output)) and not overwrite:
-        raise DatasetError(f"output {output} exists and is not empty; refusing to write into "
-                           f"it (pass --overwrite to replace it)")
-    parent = output if beside else os.path.dirname(output)
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(dir=parent, prefix=f".{os.path.basename(output)}.tmp-")
+    # beside the spec: files are added to its directory, collisions checked by _add_files
+    staged = StagedDirectory(output, overwrite=overwrite or beside)
+    tmp = staged.tmp_dir
     try:
         rng = np.random.default_rng(seed)
         for mapping, chunks in spec.source_spec.items():
@@ -127,35 +121,26 @@ def generate(spec_in: str, output: str = None, size: int = 100_000, seed: int = 
         spec.to_yaml(os.path.join(tmp, DEFAULT_FILENAME))
         if beside:
             _add_files(tmp, output, overwrite)
-        elif os.path.exists(output):
-            old = tmp + "-old"
-            os.rename(output, old)
-            os.rename(tmp, output)
-            if os.path.isdir(old):
-                shutil.rmtree(old)
-            else:
-                os.unlink(old)
+            staged.discard()
         else:
-            os.rename(tmp, output)
+            staged.publish()
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        staged.discard()
         raise
     return spec
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
+
+    def work():
         spec = generate(args.feature_spec_in, args.output, args.size, args.seed,
                         args.auto_cardinality, args.overwrite)
-    except (FeatureSpecError, DatasetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    files = sum(len(c["files"]) for cs in spec.source_spec.values() for c in cs)
-    output = args.output or os.path.dirname(os.path.abspath(args.feature_spec_in))
-    print(f"wrote {output}: {files} csv files, {args.size:,} rows per mapping "
-          f"({', '.join(spec.mappings)})")
-    return 0
+        files = sum(len(c["files"]) for cs in spec.source_spec.values() for c in cs)
+        output = args.output or os.path.dirname(os.path.abspath(args.feature_spec_in))
+        return (f"wrote {output}: {files} csv files, {args.size:,} rows per mapping "
+                f"({', '.join(spec.mappings)})")
+    return run_cli(work, errors=(ValueError,))
 
 
 if __name__ == "__main__":

@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from feature_spec import (CRITEO_VARIANTS, KNOWN_MAPPINGS, LABEL_DTYPES, NUMERICAL_DTYPES,
-                          REQUIRED_MAPPINGS, FeatureSpec, FeatureSpecError)
+from cli import run_cli
+from dlrm_contract import CRITEO_VARIANTS, DLRM_CONTRACT, criteo_variant
+from feature_spec import (KNOWN_MAPPINGS, LABEL_DTYPES, NUMERICAL_DTYPES, REQUIRED_MAPPINGS,
+                          FeatureSpec, FeatureSpecError)
 
 
 def _cardinalities(text: str) -> list:
@@ -58,7 +60,7 @@ def parse_args(argv=None):
 def build_spec(args) -> FeatureSpec:
     mappings = [m for m in args.mappings.split(",") if m]
     if args.variant:
-        base = FeatureSpec.get_variant(args.variant)
+        base = criteo_variant(args.variant)
         num_numerical = len(base.numerical_features)
         if args.num_numerical not in (None, num_numerical):
             raise FeatureSpecError(f"--num_numerical {args.num_numerical} contradicts variant "
@@ -74,21 +76,19 @@ def build_spec(args) -> FeatureSpec:
                                    label_dtype=args.label_dtype)
     if args.variant:
         spec.metadata["variant"] = args.variant
-    return spec.validate()
+    return spec.validate(DLRM_CONTRACT)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
+
+    def work():
         spec = build_spec(args)
-    except FeatureSpecError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    spec.to_yaml(args.dst)
-    print(f"wrote {args.dst}: {len(spec.numerical_features)} numerical, "
-          f"{len(spec.categorical_features)} categorical features "
-          f"(total cardinality {sum(spec.cardinalities):,}), mappings {spec.mappings}")
-    return 0
+        spec.to_yaml(args.dst)
+        return (f"wrote {args.dst}: {len(spec.numerical_features)} numerical, "
+                f"{len(spec.categorical_features)} categorical features "
+                f"(total cardinality {sum(spec.cardinalities):,}), mappings {spec.mappings}")
+    return run_cli(work)
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from embedding import Communicator, EmbeddingLayer, PlacementPlan
-from initializers import bias_normal, glorot_normal
+from comm import Communicator
+from embedding import EmbeddingLayer
+from layers import MLP
+from placement import PlacementPlan
 from interaction import CrossInteraction, DotInteraction, dot_interact_tf, round_up_8
 
 
@@ -44,35 +46,6 @@ class ModelConfig:
                 or self.embedding_dim < 1:
             raise ValueError("MLP widths and --embedding_dim must be positive")
         return self
-
-
-class MLP(tf.Module):
-    def __init__(self, input_width: int, widths, relu_last: bool, seed: int, key: int,
-                 name: str):
-        super().__init__(name=name)
-        self.layers, self.relu_last = [], relu_last
-        with self.name_scope:
-            for i, width in enumerate(widths):
-                kernel = tf.Variable(glorot_normal(input_width, width, seed, key + 2 * i),
-                                     name=f"kernel_{i}")
-                bias = tf.Variable(bias_normal(width, seed, key + 2 * i + 1), name=f"bias_{i}")
-                self.layers.append((kernel, bias))
-                input_width = width
-
-    def named_variables(self, prefix: str) -> dict:
-        out = {}
-        for i, (kernel, bias) in enumerate(self.layers):
-            out[f"{prefix}/{i}/kernel"], out[f"{prefix}/{i}/bias"] = kernel, bias
-        return out
-
-    def __call__(self, x, compute_dtype=tf.float32):
-        for i, (kernel, bias) in enumerate(self.layers):
-            # bias_add (not +) lets Grappler fuse MatMul+BiasAdd(+Relu) into one kernel
-            x = tf.nn.bias_add(tf.matmul(x, tf.cast(kernel, compute_dtype)),
-                               tf.cast(bias, compute_dtype))
-            if self.relu_last or i < len(self.layers) - 1:
-                x = tf.nn.relu(x)
-        return x
 
 
 class DLRM(tf.Module):

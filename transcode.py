@@ -48,14 +48,16 @@ import time
 import numpy as np
 import pandas as pd
 
+from cli import run_cli
 from datasets import COLUMNAR_FORMATS, ColumnarWriter, DatasetError, SplitBinaryWriter
 from feature_spec import (AUTO_CARDINALITY, CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES,
                           COLUMNAR_LABEL_DTYPES, COLUMNAR_NUMERICAL_DTYPES, CSV,
-                          DEFAULT_FILENAME, DLRM_CONTRACT, KNOWN_MAPPINGS, LABEL_CHANNEL,
+                          DEFAULT_FILENAME, KNOWN_MAPPINGS, LABEL_CHANNEL,
                           LABEL_DTYPES, MAX_HOTNESS, NUMERICAL_CHANNEL, NUMERICAL_DTYPES,
                           PARQUET, SPLIT_BINARY, TFRECORD, FeatureSpec, FeatureSpecError,
                           dtype_name, allowed_dtype, check_mapping_names, feature_hotness,
                           narrowest_int_dtype, read_spec_yaml)
+from dlrm_contract import DLRM_CONTRACT
 from sim.contract import SIM_CONTRACT
 from wide_and_deep.contract import WIDE_DEEP_CONTRACT
 
@@ -335,7 +337,7 @@ def output_spec(spec: FeatureSpec, cardinalities: dict) -> FeatureSpec:
                                   numerical_names=spec.numerical_features,
                                   categorical_names=spec.categorical_features,
                                   label_name=spec.label_feature)
-    return out.validate()
+    return out.validate(DLRM_CONTRACT)
 
 
 def _columnar_categorical_dtype(props: dict, cardinality: int) -> str:
@@ -530,16 +532,14 @@ def _cardinalities(spec: FeatureSpec) -> dict:
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
-    try:
+
+    def work():
         spec = transcode(args.input, args.output, args.chunk_size, args.overwrite,
                          args.feature_spec, quiet=args.quiet, output_format=args.output_format)
-    except (FeatureSpecError, DatasetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    rows = spec.metadata.get("rows", {})
-    print(f"wrote {args.output}: " + ", ".join(f"{m} {n:,} rows" for m, n in rows.items()) +
-          f"; cardinalities {_cardinalities(spec)} ({time.perf_counter() - t0:.1f} s)")
-    return 0
+        rows = spec.metadata.get("rows", {})
+        return (f"wrote {args.output}: " + ", ".join(f"{m} {n:,} rows" for m, n in rows.items())
+                + f"; cardinalities {_cardinalities(spec)} ({time.perf_counter() - t0:.1f} s)")
+    return run_cli(work, errors=(ValueError,))
 
 
 if __name__ == "__main__":

@@ -27,8 +27,10 @@ import sys
 import time
 
 import numpy as np
-from datasets import (DatasetError, SplitBinaryReader, SplitBinaryWriter, SyntheticSource,
-                      open_dataset)
+
+from cli import run_cli
+from datasets import SplitBinaryReader, SplitBinaryWriter, SyntheticSource, open_dataset
+from dlrm_contract import DLRM_CONTRACT
 from feature_spec import (CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES, DEFAULT_FILENAME,
                           LABEL_CHANNEL, LABEL_DTYPES, NUMERICAL_CHANNEL, NUMERICAL_DTYPES,
                           REQUIRED_MAPPINGS, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec,
@@ -109,7 +111,7 @@ def spec_shape(path: str) -> FeatureSpec:
                                    numerical_dtype=num_dtype, label_dtype=label_dtype,
                                    categorical_dtypes=cat_dtypes, numerical_names=numerical,
                                    categorical_names=categorical,
-                                   label_name=labels[0]).validate()
+                                   label_name=labels[0]).validate(DLRM_CONTRACT)
 
 
 class Progress:
@@ -184,16 +186,14 @@ def transcribe(args) -> FeatureSpec:
 def main(argv=None) -> int:
     args = parse_args(argv)
     t0 = time.perf_counter()
-    try:
+
+    def work():
         spec = transcribe(args)
-    except (FeatureSpecError, DatasetError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    rows = spec.metadata.get("rows", {})
-    print(f"wrote {args.dst_dataset_path}: " +
-          ", ".join(f"{m} {n:,} rows" for m, n in rows.items()) +
-          f" in {time.perf_counter() - t0:.1f} s")
-    return 0
+        rows = spec.metadata.get("rows", {})
+        return (f"wrote {args.dst_dataset_path}: " +
+                ", ".join(f"{m} {n:,} rows" for m, n in rows.items()) +
+                f" in {time.perf_counter() - t0:.1f} s")
+    return run_cli(work, errors=(ValueError,))
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import gzip
 import os
-import shutil
 
 import numpy as np
 import polars as pl
@@ -23,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from datasets import StagedDirectory
 from preproc.spark_data_utils import (CATEGORICAL_COLUMNS, INTEGER_PATTERN,
                                       LABEL_COLUMN, MAX_CARDINALITY, MAX_COUNT_VALUE,
                                       NUM_FIELDS, NUMERICAL_COLUMNS, RARE_ID, PreprocError,
@@ -161,19 +161,12 @@ def build_dictionaries(counts: list, frequency_threshold: int, models_dir: str) 
 def write_models(tables: list, models_dir: str) -> None:
     """Every dictionary into a temporary sibling of models_dir, renamed into place (an earlier
     run's models go as a whole, as with Spark's overwrite)."""
-    tmp, old = models_dir + ".tmp", models_dir + ".old"
-    for path in (tmp, old):
-        shutil.rmtree(path, ignore_errors=True)
-    os.makedirs(tmp)
-    for i, table in enumerate(tables):
-        if len(table):  # no frequent value: no directory, as with Spark's partitioned write
-            os.makedirs(os.path.join(tmp, f"feature={i}"))
-            pq.write_table(table.to_arrow(),
-                           os.path.join(tmp, f"feature={i}", "part-00000.parquet"))
-    if os.path.isdir(models_dir):
-        os.rename(models_dir, old)
-    os.rename(tmp, models_dir)
-    shutil.rmtree(old, ignore_errors=True)
+    with StagedDirectory(models_dir, overwrite=True) as staged:
+        for i, table in enumerate(tables):
+            if len(table):  # no frequent value: no directory, as with Spark's partitioned write
+                os.makedirs(os.path.join(staged.tmp_dir, f"feature={i}"))
+                pq.write_table(table.to_arrow(),
+                               os.path.join(staged.tmp_dir, f"feature={i}", "part-00000.parquet"))
 
 
 # ---- pass 2: apply ----------------------------------------------------------------------

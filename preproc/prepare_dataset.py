@@ -29,6 +29,7 @@ _REPO = os.path.dirname(_HERE)
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
+from cli import run_cli  # noqa: E402
 from preproc.spark_data_utils import (PreprocError, NUMERICAL_COLUMNS,  # noqa: E402
                                       CATEGORICAL_COLUMNS, COMBINED_DICTIONARY_MAX, RARE_ID,
                                       FIRST_HALF_SPLIT, SECOND_HALF_SPLIT,
@@ -437,13 +438,7 @@ def print_summary(s: dict) -> None:
 
 
 def main(argv=None) -> int:
-    try:
-        args = parse_args(argv)
-        run(args)
-    except PreprocError as e:
-        print(f"prepare_dataset: error: {e}", file=sys.stderr, flush=True)
-        return 2
-    return 0
+    return run_cli(lambda: run(parse_args(argv)), errors=(PreprocError,))
 
 
 if __name__ == "__main__":

@@ -40,4 +40,4 @@ SIM_CONTRACT = ChannelContract(
               NEGATIVE_CHANNEL: ChannelRule("categorical", 1, shape="multi"),
               LABEL_CHANNEL: ChannelRule("label", 1, 1)},
     required_channels=(LABEL_CHANNEL, TARGET_CHANNEL, POSITIVE_CHANNEL, NEGATIVE_CHANNEL),
-    check_spec=_check_item_channels)
+    check_spec=_check_item_channels, ids_from_one=True)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import tensorflow as tf
 
 from initializers import glorot_normal
-from model import MLP
+from layers import MLP
 
 # A very negative score instead of -inf: a row whose steps are all padding still gets a
 # finite softmax (then zeroed by the mask) rather than NaN.

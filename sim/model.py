@@ -23,8 +23,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from embedding import table_variable
-from model import MLP
+from layers import MLP, table_variable
 from sim import layers
 
 MODEL_TYPES = ("sim", "dien", "din")

@@ -10,6 +10,7 @@ import yaml
 
 import gen_csv
 import transcode
+from dlrm_contract import DLRM_CONTRACT
 from datasets import (ColumnarWriter, DatasetError, length_key, open_reader, write_columns)
 from feature_spec import FeatureSpec, FeatureSpecError
 from sim.contract import SIM_CONTRACT
@@ -427,4 +428,4 @@ def test_contract_base_specs_are_valid_and_map_is_test_only():
     d["source_spec"]["train"][0]["features"].remove("display")
     FeatureSpec(**d).validate(WD)  # the display id is needed for MAP@12 on test data only
     with pytest.raises(FeatureSpecError, match="unknown channel.*for DLRM"):
-        FeatureSpec(**copy.deepcopy(d)).validate()  # DLRM's contract by default
+        FeatureSpec(**copy.deepcopy(d)).validate(DLRM_CONTRACT)

@@ -13,7 +13,8 @@ import generate_feature_spec
 import transcode
 import transcribe
 from datasets import SplitBinaryReader, SyntheticSource, check_mapping_files, open_dataset
-from feature_spec import CRITEO_CARDINALITIES, FeatureSpec, FeatureSpecError
+from dlrm_contract import CRITEO_CARDINALITIES, DLRM_CONTRACT
+from feature_spec import FeatureSpec, FeatureSpecError
 
 TOOLS = {
     generate_feature_spec: ["--variant", "--cardinalities", "--num_numerical", "--dst"],
@@ -45,7 +46,7 @@ def test_generate_variant(tmp_path, threshold):
     dst = tmp_path / "fs.yaml"
     assert generate_feature_spec.main(["--variant", f"criteo_t{threshold}_synthetic",
                                        "--dst", str(dst)]) == 0
-    spec = FeatureSpec.from_yaml(str(dst)).validate()
+    spec = FeatureSpec.from_yaml(str(dst)).validate(DLRM_CONTRACT)
     assert spec.cardinalities == CRITEO_CARDINALITIES[threshold]
     assert len(spec.numerical_features) == 13
     assert spec.dtype("num_0") == np.float16 and spec.dtype("label") == bool
@@ -55,7 +56,7 @@ def test_generate_custom_shape(tmp_path, capsys):
     dst = tmp_path / "fs.yaml"
     assert generate_feature_spec.main(["--num_numerical", "2", "--cardinalities",
                                        "7,300,100000", "--dst", str(dst)]) == 0
-    spec = FeatureSpec.from_yaml(str(dst)).validate()
+    spec = FeatureSpec.from_yaml(str(dst)).validate(DLRM_CONTRACT)
     assert spec.cardinalities == [7, 300, 100000]
     assert [str(spec.dtype(f)) for f in spec.categorical_features] == ["int8", "int16",
                                                                        "int32"]

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import yaml
 
-from feature_spec import (CRITEO_CARDINALITIES, CRITEO_VARIANTS, FeatureSpec, FeatureSpecError,
-                          atomic_write_text, narrowest_int_dtype)
+from dlrm_contract import CRITEO_CARDINALITIES, CRITEO_VARIANTS, DLRM_CONTRACT, criteo_variant
+from feature_spec import FeatureSpec, FeatureSpecError, atomic_write_text, narrowest_int_dtype
 
 
 def base_dict():
@@ -150,7 +150,7 @@ BAD_SPECS = [
 
 
 def test_base_spec_is_valid():
-    FeatureSpec(**base_dict()).validate()
+    FeatureSpec(**base_dict()).validate(DLRM_CONTRACT)
 
 
 def test_bad_spec_cases_are_distinct():
@@ -169,7 +169,7 @@ def test_bad_spec_names_culprit(name, mutate, expected):
     d = base_dict()
     mutate(d)
     with pytest.raises(FeatureSpecError) as info:
-        FeatureSpec(**d).validate()
+        FeatureSpec(**d).validate(DLRM_CONTRACT)
     message = str(info.value)
     assert "\n" not in message
     for part in expected:
@@ -184,7 +184,7 @@ def test_float32_numerical_and_int8_label_accepted():
     d["source_spec"]["validation"] = copy.deepcopy(d["source_spec"]["test"])
     for c in d["source_spec"]["validation"]:
         c["files"] = [f.replace("test/", "validation/") for f in c["files"]]
-    FeatureSpec(**d).validate()
+    FeatureSpec(**d).validate(DLRM_CONTRACT)
 
 
 def test_yaml_round_trip(tmp_path):
@@ -192,7 +192,7 @@ def test_yaml_round_trip(tmp_path):
     spec.metadata = {"rows": {"train": np.int64(7), "test": 3, "validation": 0}, "note": "x"}
     path = tmp_path / "sub" / "feature_spec.yaml"
     spec.to_yaml(str(path))
-    loaded = FeatureSpec.from_yaml(str(path)).validate()
+    loaded = FeatureSpec.from_yaml(str(path)).validate(DLRM_CONTRACT)
     expected = spec.to_dict()
     expected["metadata"]["rows"]["train"] = 7
     assert loaded.to_dict() == expected
@@ -246,10 +246,10 @@ def test_criteo_variants_match_published_tables():
     assert t0[:3] == [227605432, 39061, 3067956] and t0[-1] == 130229467
     assert (sum(t15), sum(t3), sum(t0)) == (32709138, 177944291, 882774575)
     for variant in CRITEO_VARIANTS:
-        spec = FeatureSpec.get_variant(variant).validate()
+        spec = criteo_variant(variant).validate(DLRM_CONTRACT)
         assert len(spec.numerical_features) == 13 and len(spec.categorical_features) == 26
     with pytest.raises(FeatureSpecError, match="criteo_t15_synthetic"):
-        FeatureSpec.get_variant("criteo_t7_synthetic")
+        criteo_variant("criteo_t7_synthetic")
 
 
 def test_atomic_write_text_replaces_whole_file(tmp_path):

@@ -109,7 +109,7 @@ def test_main_passes_xla_and_deploy_to_the_selection(monkeypatch):
     from feature_spec import FeatureSpec
     spec = FeatureSpec.get_default(2, [10, 20])
     small = ["--embedding_dim", "4", "--bottom_mlp_dims", "4", "--top_mlp_dims", "4,1", "--cpu"]
-    from embedding import Communicator
+    from comm import Communicator
     for args, expected in ((["--mode", "deploy", "--xla"], (False, True)),
                            (["--mode", "train", "--xla"], (True, False)),
                            (["--mode", "eval", "--xla"], (False, False))):

@@ -7,7 +7,7 @@ import runtime
 runtime.configure()
 import tensorflow as tf  # noqa: E402
 
-from model import MLP  # noqa: E402
+from layers import MLP  # noqa: E402
 from sim import layers  # noqa: E402
 
 F32 = tf.float32

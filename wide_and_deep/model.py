@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from dropout import bias_relu_dropout
-from embedding import table_variable
+from layers import table_variable
 from initializers import bias_normal, glorot_normal
 from wide_and_deep.contract import MULTIHOT_CHANNEL, ONEHOT_CHANNEL
 from datasets import length_key

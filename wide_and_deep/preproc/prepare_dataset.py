@@ -16,6 +16,7 @@ import shutil
 import sys
 import time
 
+from cli import run_cli
 from datasets import StagedDirectory
 from feature_spec import FeatureSpec
 from wide_and_deep.spec import (DISPLAY_ID, ITEM_ONEHOT, LABEL, NUMERICAL, REQUEST_MULTIHOT,
@@ -143,18 +144,16 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if not os.path.isdir(args.outbrain_path):
-        print(f"error: --outbrain_path {args.outbrain_path}: no such directory", file=sys.stderr)
-        return 2
-    spark = start_spark(args.master, args.shuffle_partitions)
-    try:
-        run(args, spark)
-    except (PreprocError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    finally:
-        spark.stop()
-    return 0
+
+    def work():
+        if not os.path.isdir(args.outbrain_path):
+            raise PreprocError(f"--outbrain_path {args.outbrain_path}: no such directory")
+        spark = start_spark(args.master, args.shuffle_partitions)
+        try:
+            run(args, spark)
+        finally:
+            spark.stop()
+    return run_cli(work, errors=(PreprocError, OSError))
 
 
 if __name__ == "__main__":
