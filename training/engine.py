@@ -77,15 +77,17 @@ def replicated_gradient_name(table) -> str:
 
 class Trainer:
     def __init__(self, task, comm, groups, compute_dtype=tf.float32, loss_scale=None,
-                 xla=False, run_eagerly=False, input_signature=None, divergence_hint=""):
+                 xla=False, run_eagerly=False, input_signature=None, predict_signature=None,
+                 divergence_hint=""):
         """loss_scale: a static scale, or None: dynamic for float16, none otherwise.
-        input_signature: TensorSpecs of a batch (one trace for every batch size)."""
+        input_signature / predict_signature: TensorSpecs of a training / prediction batch
+        (one trace for every batch size)."""
         self.task, self.comm, self.groups = task, comm, list(groups)
         self.compute_dtype = compute_dtype
         self.loss_scale = make_loss_scale(compute_dtype, loss_scale)
         self.divergence_hint = divergence_hint
         self.dense_vars = dict(task.dense_variables)
-        self.tables = list(task.tables)
+        self.trained_tables = list(task.tables)
         self._group_of = {v.ref(): i for i, g in enumerate(self.groups) for v in g.variables}
         self.diverged_at = tf.Variable(-1, dtype=tf.int64, trainable=False, name="diverged_at")
         self.diverged_loss = tf.Variable(0.0, trainable=False, name="diverged_loss")
@@ -100,7 +102,7 @@ class Trainer:
             self._step_fn = tf.function(self._train_step, input_signature=sig)
             self._predict_fn = tf.function(
                 self._predict_step,
-                input_signature=None if input_signature is None else [input_signature])
+                input_signature=None if predict_signature is None else [predict_signature])
 
     # ---- the step ---------------------------------------------------------------------
     def _dense_forward_backward(self, inputs, embedded, context, scale):
@@ -115,7 +117,7 @@ class Trainer:
         return loss, grads[:len(dense)], grads[len(dense):]
 
     def _train_step(self, batch, learning_rates, step):
-        table_vars = [t.variable for t in self.tables]
+        table_vars = [t.variable for t in self.trained_tables]
         with tf.GradientTape() as tape:
             embedded, context, sources = self.task.lookup(batch)
         loss, dense_grads, embedded_grads = self._dense_fn(
@@ -127,7 +129,7 @@ class Trainer:
         # generates differ between ranks whose graphs differ (e.g. one without tables)
         dense_grads = [self.comm.allreduce_sum(g, name=dense_gradient_name(name))
                        for name, g in zip(self.dense_vars, dense_grads)]
-        table_grads = [self._table_gradient(t, g) for t, g in zip(self.tables, table_grads)]
+        table_grads = [self._table_gradient(t, g) for t, g in zip(self.trained_tables, table_grads)]
         if self.loss_scale.dynamic:
             finite = self._all_finite(dense_grads + [g.values for g in table_grads])
             tf.cond(finite, lambda: self._apply(dense_grads, table_grads, learning_rates),
@@ -158,7 +160,7 @@ class Trainer:
         for var, grad in zip(self.dense_vars.values(), dense_grads):
             group = self._group_of[var.ref()]
             self.groups[group].optimizer.apply_dense(var, grad, learning_rates[group])
-        for table, grad in zip(self.tables, table_grads):
+        for table, grad in zip(self.trained_tables, table_grads):
             group = self._group_of[table.variable.ref()]
             self.groups[group].optimizer.apply_sparse(table.variable, grad,
                                                       learning_rates[group])
@@ -179,7 +181,7 @@ class Trainer:
         on every rank (Horovod matches them by name)."""
         names = list(self.task.lookup_collectives)
         names += [dense_gradient_name(name) for name in self.dense_vars]
-        names += [replicated_gradient_name(t.key) for t in self.tables if t.replicated]
+        names += [replicated_gradient_name(t.key) for t in self.trained_tables if t.replicated]
         return names + (["nonfinite_count"] if self.loss_scale.dynamic else []) + ["loss"]
 
     def train_step(self, batch, step: int):
