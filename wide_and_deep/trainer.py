@@ -11,6 +11,7 @@ import tensorflow as tf
 from optimizers import FTRL, RMSProp
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
 from training.engine import mean_share
+from training.state import with_slots
 
 # The reference's RMSProp decay for the deep part.
 DEEP_RHO = 0.5
@@ -66,8 +67,10 @@ class WideDeepTrainer(Trainer):
                          divergence_hint="Lower --deep_learning_rate or "
                                          "--linear_learning_rate.")
 
-    def optimizers(self) -> dict:
-        return {"wide": self.wide_optimizer, "deep": self.deep_optimizer}
+    def named_state(self) -> dict:
+        """Weights and both optimizers' slots by checkpoint name."""
+        return {**with_slots(self.model.wide_variables(), self.wide_optimizer),
+                **with_slots(self.model.deep_variables(), self.deep_optimizer)}
 
     def train_step(self, batch: dict, step: int) -> float:
         """One update at global step `step`; returns the global mean loss."""
