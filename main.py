@@ -239,20 +239,17 @@ def main(argv):
 
 def run():
     from checkpoint import CheckpointError
+    from cli import run_cli
+    from dataloader import reader_errors_surfaced
     from datasets import DatasetError
     from feature_spec import FeatureSpecError
-    from trainer import TrainingDivergedError
-
-    from dataloader import reader_errors_surfaced
 
     def guarded(argv):
-        try:
+        def work():
             with reader_errors_surfaced():
-                return main(argv)
-        except (UsageError, FeatureSpecError, DatasetError, CheckpointError,
-                TrainingDivergedError, ValueError) as e:
-            print(f"error: {e}", file=sys.stderr, flush=True)
-            sys.exit(2)
+                main(argv)  # training divergence is a ValueError (training/engine.py)
+        sys.exit(run_cli(work, errors=(UsageError, FeatureSpecError, DatasetError,
+                                       CheckpointError, ValueError)))
     app.run(guarded)
 
 

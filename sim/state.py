@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from checkpoint import CheckpointError, assign_arrays, load_arrays, save_arrays
+from training.state import arrays, with_slots
 
 
 def _shape(config) -> dict:
@@ -14,26 +15,23 @@ def _shape(config) -> dict:
             if k not in ("seed", "dropout_rate")}
 
 
-def _slot_variables(trainer) -> dict:
-    out = {}
-    for name, var in trainer.variables().items():
-        for slot, slot_var in trainer.optimizer.slots(name.split("/", 1)[1]).items():
-            out[f"{name}/{slot}"] = slot_var
-    return out
+def _with_slots(trainer) -> dict:
+    """Optimizer slots are keyed by the name without its dense/ or table/ prefix."""
+    return with_slots(trainer.variables(), trainer.optimizer, lambda n: n.split("/", 1)[1])
 
 
 def save(path: str, trainer, position: dict) -> None:
-    variables = {**trainer.variables(), **_slot_variables(trainer)}
+    variables = _with_slots(trainer)
     iterations = getattr(trainer.optimizer, "iterations", None)
     meta = {"model": _shape(trainer.model.config), "position": position,
             "optimizer": type(trainer.optimizer).__name__,
             "optimizer_iterations": int(iterations.numpy()) if iterations is not None else 0}
-    save_arrays(path, {k: v.numpy() for k, v in variables.items()}, meta, trainer.comm)
+    save_arrays(path, arrays(variables), meta, trainer.comm)
 
 
 def restore(path: str, trainer) -> dict:
     """Load every variable (and slots of the same optimizer); return the saved position."""
-    arrays, meta = load_arrays(path)
+    saved, meta = load_arrays(path)
     expected = _shape(trainer.model.config)
     odd = [f"{k}: checkpoint {meta['model'].get(k)}, now {v}" for k, v in expected.items()
            if meta["model"].get(k) != v]
@@ -41,9 +39,9 @@ def restore(path: str, trainer) -> dict:
         raise CheckpointError(f"checkpoint {path} is another model: {'; '.join(odd)}")
     variables = dict(trainer.variables())
     if meta["optimizer"] == type(trainer.optimizer).__name__:
-        variables.update(_slot_variables(trainer))
+        variables = _with_slots(trainer)
         iterations = getattr(trainer.optimizer, "iterations", None)
         if iterations is not None:
             iterations.assign(meta["optimizer_iterations"])
-    assign_arrays(variables, arrays, path)
+    assign_arrays(variables, saved, path)
     return meta["position"]

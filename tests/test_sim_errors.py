@@ -83,3 +83,9 @@ def test_empty_test_set(tmp_path, capsys):
     line = one_line_error(capsys, ["--dataset_dir", str(tmp_path / "d"),
                                    "--results_dir", str(tmp_path)])
     assert "'test'" in line and "0 rows" in line
+
+
+def test_nan_loss_is_one_line_error(dataset, tmp_path, capsys):
+    line = one_line_error(capsys, ["--dataset_dir", dataset, "--results_dir", str(tmp_path),
+                                   "--lr", "1e30"])
+    assert line.startswith("error: loss became") and "--lr" in line

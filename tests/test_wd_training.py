@@ -234,3 +234,12 @@ def test_benchmark_reports_train_and_eval_throughput(data, tmp_path):
     assert samples["eval_throughput"] == 10 * 512 + 10 * 488
     # the 20 timed training steps hold one or two of the short batches
     assert samples["train_throughput"] in (19 * 256 + 184, 18 * 256 + 2 * 184)
+
+
+def test_nan_loss_is_one_line_error(data, tmp_path, capsys):
+    err = run_error(capsys, ["--dataset_path", data["planted"], "--cpu",
+                             "--model_dir", str(tmp_path / "m"), "--results_dir", str(tmp_path),
+                             "--deep_learning_rate", "1e30", "--linear_learning_rate", "1e30",
+                             "--deep_warmup_epochs", "0", "--global_batch_size", "256",
+                             "--num_epochs", "1"])
+    assert err.startswith("error: loss became") and "--deep_learning_rate" in err

@@ -1,11 +1,11 @@
 """SavedModel for serving: raw features in (one-hot ids [n], multi-hot ids [n, d] with
-`<name>__length` [n], numerical [n]), click probabilities out. Written to a temp directory
-and renamed into place."""
+`<name>__length` [n], numerical [n]), click probabilities out (training/export.py stages it)."""
 from __future__ import annotations
 
 import tensorflow as tf
 
-from datasets import StagedDirectory, length_key
+from datasets import length_key
+from training.export import export_saved_model as export_staged
 
 
 def serving_signature(config) -> dict:
@@ -21,18 +21,6 @@ def serving_signature(config) -> dict:
     return spec
 
 
-class ServingModel(tf.Module):
-    def __init__(self, model):
-        super().__init__(name="wide_deep_serving")
-        self.model = model
-        self.serve = tf.function(self._serve, input_signature=[serving_signature(model.config)])
-
-    def _serve(self, features):
-        return {"probabilities": tf.sigmoid(self.model(features))}
-
-
 def export_saved_model(model, output_path: str) -> None:
-    serving = ServingModel(model)
-    with StagedDirectory(output_path, overwrite=True) as staged:
-        tf.saved_model.save(serving, staged.tmp_dir,
-                            signatures={"serving_default": serving.serve})
+    export_staged(model, lambda features: tf.sigmoid(model(features)),
+                  [serving_signature(model.config)], output_path, "wide_deep_serving")

@@ -11,13 +11,13 @@ from distributed import make_communicator
 from dllog import DLLogger
 from feature_spec import FeatureSpec, with_dtypes
 from lr_scheduler import LearningRateSchedule
+from training.state import arrays
 from wide_and_deep import loops
 from wide_and_deep.contract import (MAP_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL,
                                     WIDE_DEEP_CONTRACT)
 from wide_and_deep.model import (PROJECT_MAX_ROWS, WideDeepConfig, WideDeepModel,
                                  parameter_count)
 from wide_and_deep.spec import embedding_dims
-from wide_and_deep.state import restore_state, state_arrays
 from wide_and_deep.trainer import WideDeepTrainer
 
 
@@ -71,13 +71,13 @@ class Run:
         return loops.evaluate(self.trainer, self.eval_pipe, self.label, self.display)
 
     def _save(self, position: dict) -> None:
-        checkpoint.save_arrays(self.checkpoint_path, state_arrays(self.model, self.trainer),
+        checkpoint.save_arrays(self.checkpoint_path, arrays(self.trainer.named_state()),
                                position, self.comm)
         self.logger.print(f"checkpoint saved: {self.checkpoint_path}")
 
     def _restore(self) -> dict:
-        arrays, meta = checkpoint.load_arrays(self.checkpoint_path)
-        restore_state(self.model, self.trainer, arrays, self.checkpoint_path)
+        saved, meta = checkpoint.load_arrays(self.checkpoint_path)
+        checkpoint.assign_arrays(self.trainer.named_state(), saved, self.checkpoint_path)
         self.logger.print(f"restored {self.checkpoint_path} (epoch {meta['epoch']})")
         return meta
 

@@ -1,0 +1,206 @@
+"""One training step for every family (DLRM, Wide & Deep, SIM).
+
+A step is split at the table lookups: the lookups (and, with several processes, DLRM's
+all-to-all) run under an outer tape; everything after them runs in `dense_forward_backward`,
+which --xla compiles. Dense gradients are summed across ranks through the communicator;
+a table's gradient stays sparse (tf.IndexedSlices) and is summed only where the table is
+replicated (every rank holds it), under a name that is a function of the table, so every
+rank issues the same collectives in the same order. Then each variable's optimizer group
+applies its update (dense variables, then tables).
+
+float16 compute scales the loss dynamically (loss_scale.py): a step whose gradients are not
+finite on some rank is skipped on every rank and the scale halved. The step never waits for
+the host: the first step whose loss is not finite is recorded on the device and
+`check_finite()` turns it into TrainingDivergedError, an expected error (one `error:` line).
+
+A family supplies a task object with:
+  dense_variables: dict  name -> tf.Variable (summed across ranks)
+  tables: list[TableGradient]  the trainable tables in a fixed order
+  lookup(batch) -> (embedded, context, sources)  embedded: nest of differentiable tensors;
+      context: nest passed on to loss() untouched; sources: tensors whose (empty) gradients
+      keep a backward collective alive on a rank that holds no table
+  dense_inputs(batch, step) -> nest given to loss()
+  loss(inputs, embedded, context, compute_dtype) -> this rank's rows' loss summed and
+      divided by the global batch (summed over ranks: the global mean)
+  predict(batch, compute_dtype) -> probabilities of this rank's rows
+  lookup_collectives: names of the lookups' collectives (DLRM's all-to-all) or ()
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import tensorflow as tf
+
+from loss_scale import make_loss_scale
+
+
+class TrainingDivergedError(ValueError):
+    """A non-finite loss: bad settings (learning rate), reported as one `error:` line."""
+
+
+@dataclass(frozen=True)
+class TableGradient:
+    key: object       # names the cross-rank sum of a replicated table (e.g. its table id)
+    variable: tf.Variable
+    replicated: bool  # every rank holds it: its gradient rows are summed across ranks
+
+
+@dataclass(frozen=True)
+class OptimizerGroup:
+    optimizer: object       # apply_dense / apply_sparse / finish_step (optimizers.py)
+    learning_rate: object   # step -> float
+    variables: tuple        # the tf.Variables it updates
+
+
+def compute_dtype_for(amp: bool):
+    """--amp: float16 on a GPU, bfloat16 on a CPU (float32's exponent range); else float32."""
+    if not amp:
+        return tf.float32
+    return tf.float16 if tf.config.list_logical_devices("GPU") else tf.bfloat16
+
+
+def mean_share(per_row_loss, global_rows):
+    """This rank's rows' loss summed over the global batch's rows: summed over the ranks,
+    the global mean, so N ranks take the same step as one."""
+    return tf.reduce_sum(per_row_loss) / tf.cast(global_rows, tf.float32)
+
+
+def dense_gradient_name(variable: str) -> str:
+    return f"dense_grad_{variable.replace('/', '_')}"
+
+
+def replicated_gradient_name(table) -> str:
+    """Named after the table (the plan's table id in DLRM), so every rank names it alike
+    whatever else it holds."""
+    return f"replicated_grad_table_{table}"
+
+
+class Trainer:
+    def __init__(self, task, comm, groups, compute_dtype=tf.float32, loss_scale=None,
+                 xla=False, run_eagerly=False, input_signature=None, predict_signature=None,
+                 divergence_hint=""):
+        """loss_scale: a static scale, or None: dynamic for float16, none otherwise.
+        input_signature / predict_signature: TensorSpecs of a training / prediction batch
+        (one trace for every batch size)."""
+        self.task, self.comm, self.groups = task, comm, list(groups)
+        self.compute_dtype = compute_dtype
+        self.loss_scale = make_loss_scale(compute_dtype, loss_scale)
+        self.divergence_hint = divergence_hint
+        self.dense_vars = dict(task.dense_variables)
+        self.trained_tables = list(task.tables)
+        self._group_of = {v.ref(): i for i, g in enumerate(self.groups) for v in g.variables}
+        self.diverged_at = tf.Variable(-1, dtype=tf.int64, trainable=False, name="diverged_at")
+        self.diverged_loss = tf.Variable(0.0, trainable=False, name="diverged_loss")
+        self._dense_fn = self._dense_forward_backward
+        if xla and not run_eagerly:
+            self._dense_fn = tf.function(self._dense_forward_backward, jit_compile=True)
+        self._step_fn, self._predict_fn = self._train_step, self._predict_step
+        if not run_eagerly:
+            sig = None if input_signature is None else [
+                input_signature, [tf.TensorSpec([], tf.float32)] * len(self.groups),
+                tf.TensorSpec([], tf.int64)]
+            self._step_fn = tf.function(self._train_step, input_signature=sig)
+            self._predict_fn = tf.function(
+                self._predict_step,
+                input_signature=None if predict_signature is None else [predict_signature])
+
+    # ---- the step ---------------------------------------------------------------------
+    def _dense_forward_backward(self, inputs, embedded, context, scale):
+        dense, flat = list(self.dense_vars.values()), tf.nest.flatten(embedded)
+        with tf.GradientTape() as tape:
+            tape.watch(flat)
+            loss = self.task.loss(inputs, embedded, context, self.compute_dtype)
+            scaled = loss * scale if self.loss_scale.needed else loss
+        grads = tape.gradient(scaled, dense + flat)
+        if self.loss_scale.needed:
+            grads = [g / scale for g in grads]
+        return loss, grads[:len(dense)], grads[len(dense):]
+
+    def _train_step(self, batch, learning_rates, step):
+        table_vars = [t.variable for t in self.trained_tables]
+        with tf.GradientTape() as tape:
+            embedded, context, sources = self.task.lookup(batch)
+        loss, dense_grads, embedded_grads = self._dense_fn(
+            self.task.dense_inputs(batch, step), embedded, context, self.loss_scale.scale)
+        grads = tape.gradient(tf.nest.flatten(embedded), table_vars + list(sources),
+                              output_gradients=embedded_grads)
+        table_grads, source_grads = grads[:len(table_vars)], grads[len(table_vars):]
+        # named collectives: Horovod matches them across ranks by name, and the names it
+        # generates differ between ranks whose graphs differ (e.g. one without tables)
+        dense_grads = [self.comm.allreduce_sum(g, name=dense_gradient_name(name))
+                       for name, g in zip(self.dense_vars, dense_grads)]
+        table_grads = [self._table_gradient(t, g) for t, g in zip(self.trained_tables, table_grads)]
+        if self.loss_scale.dynamic:
+            finite = self._all_finite(dense_grads + [g.values for g in table_grads])
+            tf.cond(finite, lambda: self._apply(dense_grads, table_grads, learning_rates),
+                    lambda: None)
+            self.loss_scale.update(finite)
+        else:
+            self._apply(dense_grads, table_grads, learning_rates)
+        loss = self.comm.allreduce_sum(loss, name="loss")
+        for grad in source_grads:  # + 0 (no elements): tf.function prunes control-only paths
+            loss += tf.reduce_sum(tf.convert_to_tensor(grad))
+        self._record_divergence(loss, step)
+        return loss
+
+    def _table_gradient(self, table: TableGradient, grad):
+        if table.replicated:
+            grad = self.comm.allreduce_sum(grad, name=replicated_gradient_name(table.key))
+        if not isinstance(grad, tf.IndexedSlices):
+            grad = tf.IndexedSlices(grad, tf.range(tf.shape(grad)[0]))
+        return grad
+
+    def _all_finite(self, grads):
+        """True on every rank, or on none: the count of non-finite values is summed."""
+        bad = tf.add_n([tf.reduce_sum(tf.cast(~tf.math.is_finite(g), tf.float32))
+                        for g in grads])
+        return tf.equal(self.comm.allreduce_sum(bad, name="nonfinite_count"), 0.0)
+
+    def _apply(self, dense_grads, table_grads, learning_rates):
+        for var, grad in zip(self.dense_vars.values(), dense_grads):
+            group = self._group_of[var.ref()]
+            self.groups[group].optimizer.apply_dense(var, grad, learning_rates[group])
+        for table, grad in zip(self.trained_tables, table_grads):
+            group = self._group_of[table.variable.ref()]
+            self.groups[group].optimizer.apply_sparse(table.variable, grad,
+                                                      learning_rates[group])
+        for group in self.groups:
+            group.optimizer.finish_step()
+
+    def _record_divergence(self, loss, step):
+        first = tf.logical_and(~tf.math.is_finite(loss), self.diverged_at < 0)
+        self.diverged_at.assign(tf.where(first, step, self.diverged_at))
+        self.diverged_loss.assign(tf.where(first, loss, self.diverged_loss))
+
+    def _predict_step(self, batch):
+        return self.task.predict(batch, self.compute_dtype)
+
+    # ---- public -----------------------------------------------------------------------
+    def step_collectives(self) -> list:
+        """The collectives of one step by name: a function of the task alone, hence the same
+        on every rank (Horovod matches them by name)."""
+        names = list(self.task.lookup_collectives)
+        names += [dense_gradient_name(name) for name in self.dense_vars]
+        names += [replicated_gradient_name(t.key) for t in self.trained_tables if t.replicated]
+        return names + (["nonfinite_count"] if self.loss_scale.dynamic else []) + ["loss"]
+
+    def train_step(self, batch, step: int):
+        """One update at schedule step `step`; returns the global mean loss as a tensor
+        without waiting for it (check_finite() tells whether a loss was not finite)."""
+        rates = [tf.constant(g.learning_rate(step), tf.float32) for g in self.groups]
+        return self._step_fn(batch, rates, tf.constant(step, tf.int64))
+
+    def check_finite(self) -> None:
+        """Raise TrainingDivergedError naming the first step whose loss was not finite."""
+        step = int(self.diverged_at.numpy())
+        if step < 0:
+            return
+        rates = ", ".join(f"{g.learning_rate(step):g}" for g in self.groups)
+        raise TrainingDivergedError(
+            f"loss became {float(self.diverged_loss.numpy())} at step {step} (learning rate "
+            f"{rates}); training stopped, no checkpoint was written for this state. "
+            f"{self.divergence_hint}".rstrip())
+
+    def predict(self, batch):
+        """Probabilities of this rank's rows of the batch (a tensor)."""
+        return self._predict_fn(batch)
