@@ -19,7 +19,7 @@ import math
 
 import tensorflow as tf
 
-from comm import ALLTOALL_NAMES, Communicator  # noqa: F401 (trainer.py imports the names)
+from comm import Communicator
 from datasets import local_row_bounds
 from layers import table_variable
 from placement import BYTES_PER_ELEMENT, PlacementPlan, TablePiece

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from embedding import ALLTOALL_NAMES
+from comm import ALLTOALL_NAMES
 from lr_scheduler import LearningRateSchedule
 from optimizers import make_optimizer
 from training import OptimizerGroup, TableGradient, TrainingDivergedError, compute_dtype_for

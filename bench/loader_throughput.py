@@ -38,6 +38,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from datasets import (DatasetError, SplitBinaryReader, SplitBinaryWriter,  # noqa: E402
                       SyntheticSource, check_mapping_files, open_reader, write_columns)
 from feature_spec import FeatureSpec, FeatureSpecError  # noqa: E402
+from dlrm_contract import criteo_variant  # noqa: E402
 
 MAPPING = "train"
 
@@ -74,7 +75,7 @@ def mapping_files(spec: FeatureSpec, mapping: str) -> list:
 
 
 def build_dataset(path: str, rows: int, batch_size: int = 65536) -> FeatureSpec:
-    spec = FeatureSpec.get_variant("criteo_t15_synthetic")
+    spec = criteo_variant("criteo_t15_synthetic")
     source = SyntheticSource(spec, batch_size, -(-rows // batch_size), seed=1)
     t0 = time.perf_counter()
     with SplitBinaryWriter(path, spec, overwrite=True) as writer:
@@ -97,7 +98,7 @@ def reusable(path: str, rows: int):
         return None
     try:
         spec = FeatureSpec.from_yaml(spec_path).validate()
-        wanted = FeatureSpec.get_variant("criteo_t15_synthetic")
+        wanted = criteo_variant("criteo_t15_synthetic")
         if spec.cardinalities != wanted.cardinalities or \
                 len(spec.numerical_features) != len(wanted.numerical_features):
             return None

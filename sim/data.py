@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
-
 from datasets import DatasetError, length_key
 from feature_spec import FeatureSpec
 from sim.contract import (NEGATIVE_CHANNEL, POSITIVE_CHANNEL, SIM_CONTRACT, TARGET_CHANNEL,
@@ -37,16 +35,12 @@ def model_shape(spec: FeatureSpec) -> dict:
 class SimBatches:
     """A ColumnarReader whose batches follow NVIDIA's SIM convention: every history [b, D]
     left-padded with 0, most recent last (rows stored shorter than D, left-aligned, are
-    moved right), and every id checked to lie in [0, cardinality] (0: padding); an id out
-    of range is one error naming file, record and feature."""
+    moved right). Ids are range-checked by the core reader (SIM contract: 0 padding,
+    1..cardinality)."""
 
     def __init__(self, reader, spec: FeatureSpec):
         self._reader, self.spec = reader, spec
         self.histories = spec.channel(POSITIVE_CHANNEL) + spec.channel(NEGATIVE_CHANNEL)
-        self.cardinalities = {f: spec.cardinality(f) for c in (USER_CHANNEL, TARGET_CHANNEL,
-                                                               POSITIVE_CHANNEL,
-                                                               NEGATIVE_CHANNEL)
-                              for f in spec.channel(c)}
 
     def __getattr__(self, name):  # the rest of the reader's interface
         return getattr(self._reader, name)
@@ -60,16 +54,6 @@ class SimBatches:
             lengths = batch.pop(length_key(name))
             if (lengths < batch[name].shape[1]).any():
                 batch[name] = left_padded((batch[name], lengths), batch[name].shape[1])
-        first = self._reader.local_rows(index)[0]
-        for name, cardinality in self.cardinalities.items():
-            ids = batch[name]
-            bad = (ids < 0) | (ids > cardinality)
-            if bad.any():
-                row = int(np.argwhere(bad)[0][0])
-                raise SimDataError(
-                    f"{self._reader.locate(first + row, name)}: feature '{name}' has id "
-                    f"{ids[bad][0]}, outside [0, {cardinality}] (ids 1..cardinality, "
-                    f"0 = padding)")
         return batch
 
 

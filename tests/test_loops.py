@@ -8,7 +8,7 @@ import pytest
 
 import checkpoint
 import loops
-from embedding import Communicator
+from comm import Communicator
 
 
 class FakeClock:
