@@ -1,21 +1,8 @@
-"""Data-parallel plumbing for families whose every rank holds the whole model (Wide & Deep,
-SIM): gradient sums across ranks and gathering evaluation rows.
-
-Convention that makes N processes take the same step as one process with the same global
-batch: each rank's loss is sum(per-row loss over its rows) / rows in the global batch, so the
-sum of the ranks' gradients is the gradient of the global mean loss.
-"""
+"""Gathering evaluation rows of every rank on rank 0 (gradient sums across ranks are the
+training engine's: training/engine.py)."""
 from __future__ import annotations
 
 import numpy as np
-
-
-def sum_gradients(comm, grads: list) -> list:
-    """Sum each gradient over the ranks. Dense tensors are allreduced; tf.IndexedSlices
-    (table rows) are gathered, never densified, so a table is never copied."""
-    if comm.size == 1:
-        return list(grads)
-    return [None if g is None else comm.allreduce_sum(g) for g in grads]
 
 
 def gather_to_root(comm, array: np.ndarray):
