@@ -170,3 +170,17 @@ class DictPipeline:
 
     def epoch(self, epoch: int = 0, start_batch: int = 0):
         return self.dataset(self.reader.batch_order(epoch)[start_batch:])
+
+
+class MappedPipeline:
+    """A pipeline whose batches pass through `fn` as they are read (a family's step batch
+    from a DictPipeline element); tf.data would turn the lists in fn's result into tensors."""
+
+    def __init__(self, pipe, fn):
+        self.pipe, self.fn = pipe, fn
+
+    def __len__(self):
+        return len(self.pipe)
+
+    def epoch(self, epoch: int = 0, start_batch: int = 0):
+        return map(self.fn, self.pipe.epoch(epoch, start_batch))

@@ -187,6 +187,47 @@ def pipeline(spec, plan, comm, training: bool):
     return BatchPipeline(source, spec.cardinalities)
 
 
+def loop_config():
+    from training.loop import LoopConfig
+    return LoopConfig(epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
+                      print_freq=FLAGS.print_freq, evals_per_epoch=FLAGS.evals_per_epoch,
+                      max_steps=max(FLAGS.max_steps, 0), checkpoint_steps=FLAGS.checkpoint_steps,
+                      benchmark_warmup_steps=FLAGS.benchmark_warmup_steps)
+
+
+def saver(trainer):
+    """The loop's checkpoint function (None: no --save_checkpoint_path)."""
+    if not FLAGS.save_checkpoint_path:
+        return None
+
+    def save(position):
+        import checkpoint
+        checkpoint.save(FLAGS.save_checkpoint_path, trainer, position)
+        return FLAGS.save_checkpoint_path
+    return save
+
+
+def run_mode(trainer, spec, plan, comm, logger, position) -> None:
+    from training import loop
+    if FLAGS.mode == "deploy":
+        import export
+        export.export_saved_model(trainer.model, spec, FLAGS.saved_model_output_path)
+        logger.print(f"SavedModel written to {FLAGS.saved_model_output_path}")
+        return
+    eval_pipe = pipeline(spec, plan, comm, False)
+    if FLAGS.mode == "train":
+        loop.train(trainer, pipeline(spec, plan, comm, True),
+                   lambda: loop.evaluate(trainer, eval_pipe.epoch()), logger, loop_config(),
+                   position, saver(trainer))
+        return
+    if FLAGS.mode == "eval":
+        loop.log_result(logger, "eval", loop.evaluate(trainer, eval_pipe.epoch()))
+    else:
+        steps = FLAGS.max_steps if FLAGS.max_steps > 0 else 1000
+        loop.log_result(logger, "inference",
+                        loop.benchmark_inference(trainer, eval_pipe.epoch(), steps))
+
+
 def main(argv):
     del argv
     from distributed import make_communicator
@@ -206,7 +247,6 @@ def main(argv):
         plan, trainer = build(comm, spec)
         own_flags = FLAGS.get_key_flags_for_module(sys.modules[__name__])
         logger.parameters({f.name: f.value for f in own_flags} | {"world_size": comm.size})
-        import loops
         position = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
         if FLAGS.restore_checkpoint_path:
             import checkpoint
@@ -214,24 +254,7 @@ def main(argv):
             logger.print(f"restored {FLAGS.restore_checkpoint_path} at step {position['step']}")
         with comm.waiting("the broadcast of the initial dense weights", 0):
             comm.broadcast_variables(list(trainer.model.dense_variables().values()))
-        if FLAGS.mode == "train":
-            loops.train(trainer, pipeline(spec, plan, comm, True),
-                        pipeline(spec, plan, comm, False), logger, position, FLAGS)
-        elif FLAGS.mode == "eval":
-            metrics = loops.evaluate(trainer, pipeline(spec, plan, comm, False))
-            logger.log((), metrics)
-            logger.print(f"eval: auc {metrics['auc']:.6f} validation_loss "
-                         f"{metrics['validation_loss']:.6f}")
-        elif FLAGS.mode == "inference":
-            steps = FLAGS.max_steps if FLAGS.max_steps > 0 else 1000
-            metrics = loops.benchmark_inference(trainer, pipeline(spec, plan, comm, False),
-                                                steps)
-            logger.log((), metrics)
-            logger.print("inference: " + ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
-        else:
-            import export
-            export.export_saved_model(trainer.model, spec, FLAGS.saved_model_output_path)
-            logger.print(f"SavedModel written to {FLAGS.saved_model_output_path}")
+        run_mode(trainer, spec, plan, comm, logger, position)
         return 0
     finally:
         logger.close()

@@ -53,27 +53,29 @@ class Progress:
 
 
 class StepTimer:
-    """The benchmark figure of a run, as NVIDIA's DLRM reports it: samples per step divided by
-    the mean time of the timed steps, which are all steps after the first `warmup`. Each step
-    is timed alone, so evaluations and checkpoints between steps are not counted."""
+    """The benchmark figure of a run, as NVIDIA's DLRM reports it: the rows of the timed steps
+    over their time (with full batches: the batch over the mean step time); the timed steps
+    are all steps after the first `warmup`. Each step is timed alone, so evaluations and
+    checkpoints between steps are not counted."""
 
-    def __init__(self, samples_per_step: int, warmup: int, clock=time.perf_counter):
-        self.samples_per_step, self.warmup, self._clock = samples_per_step, warmup, clock
-        self.steps_seen, self.timed_steps, self.timed_seconds = 0, 0, 0.0
+    def __init__(self, warmup: int, clock=time.perf_counter):
+        self.warmup, self._clock = warmup, clock
+        self.steps_seen, self.timed_steps, self.timed_samples, self.timed_seconds = 0, 0, 0, 0.0
 
     @contextlib.contextmanager
-    def step(self):
+    def step(self, rows: int):
         start = self._clock()
         yield
         self.steps_seen += 1
         if self.steps_seen > self.warmup:
-            self.timed_steps += 1
+            self.timed_steps, self.timed_samples = self.timed_steps + 1, self.timed_samples + rows
             self.timed_seconds += self._clock() - start
 
     def summary(self) -> dict:
         """throughput (samples/s) and mean_step_time_ms; empty when no step was timed."""
         if not self.timed_steps:
             return {}
-        mean = self.timed_seconds / self.timed_steps
-        return {"throughput": self.samples_per_step / mean, "mean_step_time_ms": mean * 1e3,
-                "timed_steps": self.timed_steps}
+        return {"throughput": self.timed_samples / self.timed_seconds,
+                "mean_step_time_ms": self.timed_seconds / self.timed_steps * 1e3,
+                "timed_steps": self.timed_steps, "timed_samples": self.timed_samples,
+                "timed_seconds": self.timed_seconds}

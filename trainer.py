@@ -43,6 +43,14 @@ class DLRMTask:
         return mean_share(tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logits),
                           global_rows)
 
+    @staticmethod
+    def label(batch):
+        return batch[2]
+
+    @staticmethod
+    def global_rows(batch):
+        return batch[3]
+
     def predict(self, batch, compute_dtype):
         numerical, categorical, _, global_rows = batch
         return tf.sigmoid(self.model(numerical, list(categorical), global_rows, compute_dtype))

@@ -37,19 +37,22 @@ def batch(size: int, seed: int):
 
 
 def ours(args, batches):
+    import tensorflow as tf
+
     from distributed import make_communicator
     from sim.model import SimConfig, SimModel
     from sim.trainer import SimTrainer
     config = SimConfig((USERS,), (ITEMS, CATEGORIES), HISTORY, long_seq_length=LONG,
                        model_type=args.model_type)
     trainer = SimTrainer(SimModel(config), make_communicator())
-    rows = int(batches[0][1].shape[0])
+    rows = tf.constant(int(batches[0][1].shape[0]), tf.int32)
 
     def step(i):
         inputs, label = batches[i % len(batches)]
-        return trainer.train_step(inputs, label, rows, i)
+        return float(trainer.train_step((inputs, label, rows), i))
 
-    return step, lambda inputs: trainer.predict(inputs).numpy()
+    no_label = tf.zeros([0])  # predict reads the inputs alone
+    return step, lambda inputs: trainer.predict((inputs, no_label, rows)).numpy()
 
 
 def keras_variant(args, batches):

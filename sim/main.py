@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import sys
-from types import SimpleNamespace
 
 import runtime
 
@@ -119,10 +118,13 @@ def _ints(values):
 
 
 def pipelines(spec, comm):
+    """Training batches, and the test batches (cached unless --disable_cache), as the SIM
+    trainer takes them."""
     import tensorflow as tf
 
-    from dataloader import DictPipeline
+    from dataloader import DictPipeline, MappedPipeline
     from sim.data import open_mapping
+    from sim.trainer import step_batch
     train = open_mapping(spec, "train", F.global_batch_size, comm, F.drop_remainder,
                          F.prebatch_train_size)
     test = open_mapping(spec, "test", F.global_batch_size, comm,
@@ -131,32 +133,42 @@ def pipelines(spec, comm):
     test = DictPipeline(test, labels, F.prefetch_test_size, parallel).epoch()
     if not F.disable_cache:
         test = test.cache()
-    return DictPipeline(train, labels, F.prefetch_train_size, parallel), test
+    train = DictPipeline(train, labels, F.prefetch_train_size, parallel)
+    return (MappedPipeline(train, lambda batch: step_batch(spec, batch)),
+            lambda: (step_batch(spec, batch) for batch in test))
+
+
+def loop_config():
+    from training.loop import LoopConfig
+    batches = -(-F.train_dataset_size // F.global_batch_size) if F.train_dataset_size else 0
+    return LoopConfig(epochs=F.epochs, batch_size=F.global_batch_size, print_freq=F.print_freq,
+                      batches_per_epoch=batches, repeat_count=max(F.repeat_count, 1),
+                      benchmark_warmup_steps=F.benchmark_warmup_steps,
+                      benchmark_steps=F.benchmark_steps if F.benchmark else 0)
 
 
 def run(spec, comm, logger):
-    from sim import loops, state
+    from sim import state
+    from training import loop
     trainer = build(spec, comm)
     position = {"epoch": 0, "step": 0}
     if F.load_checkpoint_path:
         position = state.restore(F.load_checkpoint_path, trainer)
-    train_pipe, test = pipelines(spec, comm)
+    train, test = pipelines(spec, comm)
     if F.mode == "inference":
-        return loops.benchmark_inference(trainer, spec, test, F.benchmark_warmup_steps,
-                                         F.benchmark_steps)
-    batches = -(-F.train_dataset_size // F.global_batch_size) if F.train_dataset_size else 0
-    opts = SimpleNamespace(epochs=F.epochs, global_batch_size=F.global_batch_size,
-                           repeat_count=max(F.repeat_count, 1), max_batches_per_epoch=batches,
-                           print_freq=F.print_freq, benchmark=F.benchmark,
-                           benchmark_warmup_steps=F.benchmark_warmup_steps,
-                           benchmark_steps=F.benchmark_steps)
-    final, position = loops.train(trainer, spec, train_pipe, test, logger, position, opts)
+        loop.log_result(logger, "inference", loop.benchmark_inference(
+            trainer, test(), F.benchmark_steps, F.benchmark_warmup_steps))
+        return
+    save = None
     if F.save_checkpoint_path:
-        state.save(F.save_checkpoint_path, trainer, position)
+        def save(position):
+            state.save(F.save_checkpoint_path, trainer, position)
+            return F.save_checkpoint_path
+    loop.train(trainer, train, lambda: loop.evaluate(trainer, test()), logger, loop_config(),
+               position, save)
     if F.export_path and comm.rank == 0:
         from sim.export import export_saved_model
         export_saved_model(trainer.model, spec, F.export_path)
-    return final
 
 
 def main(argv):
@@ -182,10 +194,7 @@ def train_or_infer():
     logger = DLLogger(log_path, enabled=comm.rank == 0)
     logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})
     spec = load_spec(F.dataset_dir, F.feature_spec)
-    final = run(spec, comm, logger)
-    logger.log((), final)
-    logger.print("final: " + "  ".join(f"{k} {v:.6g}" if isinstance(v, float) else f"{k} {v}"
-                                       for k, v in final.items()))
+    run(spec, comm, logger)
     if F.mode == "train" and comm.rank == 0:
         import plot_log
         plot_log.plot(log_path, os.path.join(F.results_dir, "curves.png"))

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from dataloader import DictPipeline
 from optimizers import SGD, AdamW
+from sim.data import model_inputs
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
 from training.engine import mean_share
 
@@ -35,8 +37,14 @@ def input_signature(config) -> dict:
             "positive": ids(items, history), "negative": ids(items, history)}
 
 
+def step_batch(spec, batch: dict) -> tuple:
+    """A DictPipeline element -> the engine's SIM batch: (inputs, label, global_rows)."""
+    return (model_inputs(spec, batch), batch[spec.label_feature],
+            batch[DictPipeline.GLOBAL_ROWS])
+
+
 class SimTask:
-    """A batch is (inputs, label, global_rows)."""
+    """A batch is (inputs, label, global_rows) (step_batch)."""
     lookup_collectives = ()
 
     def __init__(self, model, seed: int):
@@ -64,9 +72,17 @@ class SimTask:
             per_row += aux
         return mean_share(per_row, global_rows)
 
-    def predict(self, inputs, compute_dtype):
-        logit, _, _ = self.model.forward(self.model.lookup(inputs), compute_dtype)
+    def predict(self, batch, compute_dtype):
+        logit, _, _ = self.model.forward(self.model.lookup(batch[0]), compute_dtype)
         return tf.sigmoid(logit)
+
+    @staticmethod
+    def label(batch):
+        return batch[1]
+
+    @staticmethod
+    def global_rows(batch):
+        return batch[2]
 
 
 class SimTrainer(Trainer):
@@ -77,18 +93,12 @@ class SimTrainer(Trainer):
         self.optimizer = make_optimizer(optimizer, {**self.dense, **self.tables}, weight_decay)
         group = OptimizerGroup(self.optimizer, lambda step: self.lr,
                                tuple(self.dense.values()) + tuple(self.tables.values()))
-        inputs = input_signature(model.config)
+        signature = (input_signature(model.config), tf.TensorSpec([None], tf.float32),
+                     tf.TensorSpec([], tf.int32))
         super().__init__(SimTask(model, int(seed)), comm, [group], compute_dtype_for(amp),
-                         xla=xla, input_signature=(inputs, tf.TensorSpec([None], tf.float32),
-                                                   tf.TensorSpec([], tf.int32)),
-                         predict_signature=inputs, divergence_hint="Lower --lr.")
+                         xla=xla, input_signature=signature, predict_signature=signature,
+                         divergence_hint="Lower --lr.")
 
     def variables(self) -> dict:
         return {**{f"dense/{k}": v for k, v in self.dense.items()},
                 **{f"table/{k}": v for k, v in self.tables.items()}}
-
-    def train_step(self, inputs, label, global_rows, step: int) -> float:
-        loss = float(super().train_step((inputs, label, tf.constant(global_rows, tf.int32)),
-                                        step))
-        self.check_finite()
-        return loss

@@ -77,7 +77,7 @@ def test_long_signal_needs_the_long_history(data, tmp_path):
     assert final_auc(sim) > final_auc(dien) + 0.15, (final_auc(sim), final_auc(dien))
     per_epoch = [r for r in sim if isinstance(r["step"], list) and "auc" in r["data"]
                  and len(r["step"]) == 2]
-    assert len(per_epoch) == 2 and all("test_loss" in r["data"] for r in per_epoch)
+    assert len(per_epoch) == 2 and all("validation_loss" in r["data"] for r in per_epoch)
     assert os.path.getsize(tmp_path / "sim" / "curves.png") > 0
 
 
@@ -122,21 +122,22 @@ def test_evaluation_metrics_match_scikit_learn(data):
 
     from dataloader import DictPipeline
     from distributed import make_communicator
-    from sim import loops
-    from sim.data import label, load_spec, model_inputs, model_shape, open_mapping
+    from sim.data import load_spec, model_shape, open_mapping
     from sim.model import SimConfig, SimModel
-    from sim.trainer import SimTrainer
+    from sim.trainer import SimTrainer, step_batch
+    from training import loop
     spec = load_spec(data["tiny"], "feature_spec.yaml")
     comm = make_communicator()
     trainer = SimTrainer(SimModel(SimConfig(**model_shape(spec), stage_one_mlp_dims=(8,),
                                             stage_two_mlp_dims=(8,), aux_mlp_dims=(8,))), comm)
-    test = DictPipeline(open_mapping(spec, "test", 25, comm), (spec.label_feature,)).epoch()
-    got = loops.evaluate(trainer, spec, test)
-    predictions = np.concatenate([trainer.predict(model_inputs(spec, b)).numpy() for b in test])
-    labels = np.concatenate([label(spec, b).numpy() for b in test])
-    assert got["test_samples"] == len(labels) == 60
+    test = [step_batch(spec, b) for b in
+            DictPipeline(open_mapping(spec, "test", 25, comm), (spec.label_feature,)).epoch()]
+    got = loop.evaluate(trainer, test)
+    predictions = np.concatenate([trainer.predict(b).numpy() for b in test])
+    labels = np.concatenate([b[1].numpy() for b in test])
+    assert got["eval_samples"] == len(labels) == 60
     assert got["auc"] == pytest.approx(roc_auc_score(labels, predictions), abs=1e-12)
-    assert got["test_loss"] == pytest.approx(log_loss(labels, predictions), abs=1e-6)
+    assert got["validation_loss"] == pytest.approx(log_loss(labels, predictions), abs=1e-6)
 
 
 def test_inference_benchmark_and_export(data, tmp_path):
@@ -146,8 +147,8 @@ def test_inference_benchmark_and_export(data, tmp_path):
     records = train(data["tiny"], tmp_path / "i", "--mode", "inference", "--load_checkpoint_path",
                     ckpt, "--benchmark_steps", "5", "--benchmark_warmup_steps", "1")
     final = [r["data"] for r in records if r["step"] == []][-1]
-    assert final["inference_samples_per_second"] > 0
-    assert final["p90_latency_seconds"] <= final["p99_latency_seconds"]
+    assert final["mean_inference_throughput"] > 0
+    assert final["p90_inference_latency"] <= final["p99_inference_latency"]
     import tensorflow as tf
 
     from datasets import open_reader

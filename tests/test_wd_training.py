@@ -71,7 +71,7 @@ def test_planted_signal_is_learned_and_null_signal_is_not(data, tmp_path):
     planted = train(data["planted"], str(tmp_path / "p"), "--num_epochs", "2")
     null = train(data["null"], str(tmp_path / "n"), "--num_epochs", "2")
     final = [r for r in planted if r["type"] == "LOG" and r["step"] == []][-1]["data"]
-    assert {"map12", "auc", "eval_loss"} <= set(final)
+    assert {"map12", "auc", "validation_loss"} <= set(final)
     assert len(epoch_records(planted)) == 2
     assert final["map12"] > random_ranking_map(data["planted"]) + 0.1
     null_map = epoch_records(null)[-1]["map12"]
@@ -219,8 +219,8 @@ def test_benchmark_reports_train_and_eval_throughput(data, tmp_path):
     out = str(tmp_path / "b")
     train(data["planted"], out, "--num_epochs", "1")
     samples = {}
-    for extra, key in (([], "train_throughput"),
-                       (["--evaluate", "--use_checkpoint"], "eval_throughput")):
+    for extra, key in (([], "throughput"),
+                       (["--evaluate", "--use_checkpoint"], "mean_inference_throughput")):
         log_name = f"{key}.json"
         assert main(["--dataset_path", data["planted"], "--model_dir", out + "/model",
                      "--results_dir", out, "--log_filename", log_name] + FAST +
@@ -228,12 +228,13 @@ def test_benchmark_reports_train_and_eval_throughput(data, tmp_path):
                      *extra]) == 0
         log = read_log(os.path.join(out, log_name))
         result = [r["data"] for r in log if r["type"] == "LOG" and key in r["data"]]
-        assert len(result) == 1 and result[0]["steps"] == 20
-        assert result[0][key] == pytest.approx(result[0]["samples"] / result[0]["seconds"])
-        samples[key] = result[0]["samples"]
-    assert samples["eval_throughput"] == 10 * 512 + 10 * 488
+        assert len(result) == 1 and result[0]["timed_steps"] == 20
+        assert result[0][key] == pytest.approx(result[0]["timed_samples"]
+                                               / result[0]["timed_seconds"])
+        samples[key] = result[0]["timed_samples"]
+    assert samples["mean_inference_throughput"] == 10 * 512 + 10 * 488
     # the 20 timed training steps hold one or two of the short batches
-    assert samples["train_throughput"] in (19 * 256 + 184, 18 * 256 + 2 * 184)
+    assert samples["throughput"] in (19 * 256 + 184, 18 * 256 + 2 * 184)
 
 
 def test_nan_loss_is_one_line_error(data, tmp_path, capsys):

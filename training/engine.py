@@ -23,6 +23,7 @@ A family supplies a task object with:
   loss(inputs, embedded, context, compute_dtype) -> this rank's rows' loss summed and
       divided by the global batch (summed over ranks: the global mean)
   predict(batch, compute_dtype) -> probabilities of this rank's rows
+  label(batch) -> this rank's labels; global_rows(batch) -> rows of the global batch
   lookup_collectives: names of the lookups' collectives (DLRM's all-to-all) or ()
 """
 from __future__ import annotations
@@ -50,6 +51,7 @@ class OptimizerGroup:
     optimizer: object       # apply_dense / apply_sparse / finish_step (optimizers.py)
     learning_rate: object   # step -> float
     variables: tuple        # the tf.Variables it updates
+    name: str = ""          # names its learning rate in the logs when there are several
 
 
 def compute_dtype_for(amp: bool):
@@ -189,6 +191,18 @@ class Trainer:
         without waiting for it (check_finite() tells whether a loss was not finite)."""
         rates = [tf.constant(g.learning_rate(step), tf.float32) for g in self.groups]
         return self._step_fn(batch, rates, tf.constant(step, tf.int64))
+
+    def learning_rates(self, step: int) -> dict:
+        """The logged learning rate(s): `learning_rate`, or `<group>_learning_rate` each."""
+        if len(self.groups) == 1:
+            return {"learning_rate": float(self.groups[0].learning_rate(step))}
+        return {f"{g.name}_learning_rate": float(g.learning_rate(step)) for g in self.groups}
+
+    def label(self, batch):
+        return self.task.label(batch)
+
+    def global_rows(self, batch) -> int:
+        return int(self.task.global_rows(batch))
 
     def check_finite(self) -> None:
         """Raise TrainingDivergedError naming the first step whose loss was not finite."""

@@ -11,8 +11,8 @@ from distributed import make_communicator
 from dllog import DLLogger
 from feature_spec import FeatureSpec, with_dtypes
 from lr_scheduler import LearningRateSchedule
+from training import loop
 from training.state import arrays
-from wide_and_deep import loops
 from wide_and_deep.contract import (MAP_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL,
                                     WIDE_DEEP_CONTRACT)
 from wide_and_deep.model import (PROJECT_MAX_ROWS, WideDeepConfig, WideDeepModel,
@@ -68,18 +68,26 @@ class Run:
         return DictPipeline(reader, label_features=(self.label,))
 
     def _evaluate(self) -> dict:
-        return loops.evaluate(self.trainer, self.eval_pipe, self.label, self.display)
+        groups = (lambda batch: batch[self.display]) if self.display else None
+        return loop.evaluate(self.trainer, self.eval_pipe.epoch(), groups)
 
-    def _save(self, position: dict) -> None:
+    def _save(self, position: dict) -> str:
         checkpoint.save_arrays(self.checkpoint_path, arrays(self.trainer.named_state()),
                                position, self.comm)
-        self.logger.print(f"checkpoint saved: {self.checkpoint_path}")
+        return self.checkpoint_path
 
     def _restore(self) -> dict:
         saved, meta = checkpoint.load_arrays(self.checkpoint_path)
         checkpoint.assign_arrays(self.trainer.named_state(), saved, self.checkpoint_path)
         self.logger.print(f"restored {self.checkpoint_path} (epoch {meta['epoch']})")
         return meta
+
+    def _loop_config(self) -> loop.LoopConfig:
+        args = self.args
+        return loop.LoopConfig(epochs=args.num_epochs, batch_size=args.global_batch_size,
+                               print_freq=args.print_freq, checkpoint_every_epoch=True,
+                               benchmark_warmup_steps=args.benchmark_warmup_steps,
+                               benchmark_steps=args.benchmark_steps if args.benchmark else 0)
 
     def execute(self) -> None:
         args = self.args
@@ -89,31 +97,18 @@ class Run:
         if args.use_checkpoint and (args.evaluate or
                                     os.path.exists(self.checkpoint_path)):
             position = self._restore()
-        if args.benchmark:
-            self._benchmark()
+        if not args.evaluate:
+            loop.train(self.trainer, self.train_pipe, self._evaluate, self.logger,
+                       self._loop_config(), position, self._save)
+            if not args.benchmark:
+                self._export()
             return
-        if args.evaluate:
-            final = self._evaluate()
+        if args.benchmark:  # the prediction step's throughput
+            loop.log_result(self.logger, "inference", loop.benchmark_inference(
+                self.trainer, self.eval_pipe.epoch(), args.benchmark_steps,
+                args.benchmark_warmup_steps))
         else:
-            final = loops.train(self.trainer, self.train_pipe, self.eval_pipe, self.logger,
-                                self._save, position, args.num_epochs, args.global_batch_size,
-                                self._evaluate, args.print_freq) or self._evaluate()
-            self._export()
-        self.logger.log((), final)
-        self.logger.print(f"final: {loops.metrics_text(final)}")
-
-    def _benchmark(self) -> None:
-        args = self.args
-        if args.evaluate:
-            run, pipe = self.trainer.predict, self.eval_pipe
-        else:
-            run, pipe = self.trainer.train_step, self.train_pipe
-        result = loops.benchmark(lambda b, step: run(b) if args.evaluate else run(b, step),
-                                 pipe, args.benchmark_warmup_steps, args.benchmark_steps)
-        key = "eval_throughput" if args.evaluate else "train_throughput"
-        self.logger.log((), {key: result["samples_per_second"], **result})
-        self.logger.print(f"{key}: {result['samples_per_second']:,.0f} samples/s "
-                          f"({result['steps']} steps after {args.benchmark_warmup_steps} warm-up)")
+            loop.log_result(self.logger, "eval", self._evaluate())
 
     def _export(self) -> None:
         if self.comm.rank != 0:

@@ -5,9 +5,9 @@ the deep part. Every rank holds the whole model, so every table's gradient rows 
 """
 from __future__ import annotations
 
-import numpy as np
 import tensorflow as tf
 
+from dataloader import DictPipeline
 from optimizers import FTRL, RMSProp
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
 from training.engine import mean_share
@@ -21,7 +21,7 @@ class WideDeepTask:
     lookup_collectives = ()
 
     def __init__(self, model, comm, label: str, seed: int):
-        self.model, self.comm, self.label, self.seed = model, comm, label, seed
+        self.model, self.comm, self.label_feature, self.seed = model, comm, label, seed
         named = {**model.wide_variables(), **model.deep_variables()}
         tables = {v.ref() for v in model.table_variables()}
         self.dense_variables = {n: v for n, v in named.items() if v.ref() not in tables}
@@ -34,8 +34,8 @@ class WideDeepTask:
     def dense_inputs(self, batch, step):
         dropout_seed = tf.stack([tf.constant(self.seed * 1000 + self.comm.rank, tf.int64),
                                  tf.cast(step, tf.int64) * 64])
-        return (self.model.numerical(batch), tf.cast(batch[self.label], tf.float32),
-                batch["__global_rows"], dropout_seed)
+        return (self.model.numerical(batch), tf.cast(batch[self.label_feature], tf.float32),
+                batch[DictPipeline.GLOBAL_ROWS], dropout_seed)
 
     def loss(self, inputs, embedded, layout, compute_dtype):
         numerical, label, global_rows, dropout_seed = inputs
@@ -48,6 +48,13 @@ class WideDeepTask:
     def predict(self, batch, compute_dtype):
         return tf.sigmoid(self.model(batch, compute_dtype))
 
+    def label(self, batch):
+        return batch[self.label_feature]
+
+    @staticmethod
+    def global_rows(batch):
+        return batch[DictPipeline.GLOBAL_ROWS]
+
 
 class WideDeepTrainer(Trainer):
     def __init__(self, model, comm, label: str, linear_learning_rate: float, deep_schedule,
@@ -59,9 +66,9 @@ class WideDeepTrainer(Trainer):
         self.wide_optimizer = FTRL(model.wide_variables())
         self.deep_optimizer = RMSProp(model.deep_variables(), rho=DEEP_RHO)
         groups = [OptimizerGroup(self.wide_optimizer, lambda step: linear_learning_rate,
-                                 tuple(model.wide_variables().values())),
+                                 tuple(model.wide_variables().values()), "wide"),
                   OptimizerGroup(self.deep_optimizer, deep_schedule,
-                                 tuple(model.deep_variables().values()))]
+                                 tuple(model.deep_variables().values()), "deep")]
         super().__init__(WideDeepTask(model, comm, label, seed), comm, groups,
                          compute_dtype_for(amp), xla=xla,
                          divergence_hint="Lower --deep_learning_rate or "
@@ -71,13 +78,3 @@ class WideDeepTrainer(Trainer):
         """Weights and both optimizers' slots by checkpoint name."""
         return {**with_slots(self.model.wide_variables(), self.wide_optimizer),
                 **with_slots(self.model.deep_variables(), self.deep_optimizer)}
-
-    def train_step(self, batch: dict, step: int) -> float:
-        """One update at global step `step`; returns the global mean loss."""
-        loss = float(super().train_step(batch, step))
-        self.check_finite()
-        return loss
-
-    def predict(self, batch: dict) -> np.ndarray:
-        """Click probabilities of this rank's rows of the batch."""
-        return super().predict(batch).numpy()

@@ -1,0 +1,290 @@
+"""The one training loop of every family: progress, evaluation, checkpoints, the benchmark
+figures; and evaluation and the inference benchmark on their own.
+
+A family gives a `Trainer` (engine.py), its data as step-ready batches (`len(data)`,
+`data.epoch(epoch, start_batch)`), a function that evaluates, and a LoopConfig made from its
+flags. Every family logs the same metric names (the seed's, DLRM's):
+  per step       loss, learning_rate (or <group>_learning_rate), samples_per_second
+  evaluation     auc, validation_loss, eval_samples, map12 (Wide & Deep); train_loss and
+                 train_samples (mean loss and rows of the epoch's steps so far)
+  final          the last evaluation, step, training_seconds, throughput, mean_step_time_ms,
+                 timed_steps, timed_samples
+  inference      mean_inference_throughput, mean_inference_latency, p90/p95/p99_inference_latency
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from data_parallel import gather_to_root
+from metrics import log_loss, mean_average_precision_at_k, roc_auc
+from progress import Progress, StepTimer
+
+MAP_AT = 12
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    epochs: int
+    batch_size: int                     # global rows of a step (progress, ETA)
+    print_freq: int = 100
+    evals_per_epoch: int = 1            # the last one at the epoch's end
+    max_steps: int = 0                  # 0: no limit
+    batches_per_epoch: int = 0          # 0: every batch of the data (times repeat_count)
+    repeat_count: int = 1               # passes over the data in one epoch
+    checkpoint_steps: int = 0           # also save every this many steps
+    checkpoint_every_epoch: bool = False
+    benchmark_warmup_steps: int = 0     # steps left out of the final throughput
+    benchmark_steps: int = 0            # > 0: a benchmark run: warm-up + this many steps,
+    #                                     cycling the data, no evaluation or checkpoint
+
+    def steps_per_epoch(self, data_batches: int) -> int:
+        steps = data_batches * max(self.repeat_count, 1)
+        return min(steps, self.batches_per_epoch) if self.batches_per_epoch else steps
+
+    def total_steps(self, steps_per_epoch: int) -> int:
+        if self.benchmark_steps:
+            return self.benchmark_warmup_steps + self.benchmark_steps
+        total = steps_per_epoch * self.epochs
+        return min(total, self.max_steps) if self.max_steps > 0 else total
+
+
+def evaluate(trainer, batches, groups=None) -> dict:
+    """AUC, mean log loss and (when `groups(batch)` gives display ids) MAP@12 over every row
+    of `batches`. Rank 0 alone gathers every rank's predictions (evaluation memory per rank
+    does not grow with the world size), computes the figures and broadcasts them."""
+    comm = trainer.comm
+    predictions, labels, group_ids = [], [], []
+    for batch in batches:
+        predictions.append(np.asarray(trainer.predict(batch), np.float64))
+        labels.append(np.asarray(trainer.label(batch), np.float64))
+        if groups:
+            group_ids.append(np.asarray(groups(batch)))
+    predictions, labels = (gather_to_root(comm, _concat(a)) for a in (predictions, labels))
+    group_ids = gather_to_root(comm, _concat(group_ids)) if groups else None
+    figures = np.zeros(4)
+    if comm.rank == 0:
+        figures[:3] = roc_auc(labels, predictions), log_loss(labels, predictions), labels.size
+        if groups:
+            figures[3] = mean_average_precision_at_k(group_ids, labels, predictions, MAP_AT)
+    auc, loss, samples, map_at = comm.broadcast_from_root(figures)
+    out = {"auc": float(auc), "validation_loss": float(loss), "eval_samples": int(samples)}
+    return dict(out, map12=float(map_at)) if groups else out
+
+
+def _concat(arrays):
+    return np.concatenate(arrays) if arrays else np.zeros(0)
+
+
+def metrics_text(metrics: dict) -> str:
+    return "  ".join(f"{k} {metrics[k]:.6f}" for k in
+                     ("train_loss", "auc", "validation_loss", "map12") if k in metrics)
+
+
+def log_result(logger, title: str, metrics: dict) -> None:
+    """The final record of an evaluation or a benchmark, logged and printed in one line."""
+    logger.log((), metrics)
+    logger.print(f"{title}: " + ", ".join(f"{k} {v:.6g}" for k, v in metrics.items()))
+
+
+def step_collectives_text(trainer) -> str:
+    """What a rank waits in during a training step, for the stall report."""
+    names = trainer.step_collectives()
+    dense = [n for n in names if n.startswith("dense_grad_")]
+    shown = [n for n in names if n not in dense]
+    if dense:
+        shown.insert(shown.index("loss"), f"{len(dense)} dense_grad_*")
+    return f"the training step's collectives ({', '.join(shown)})"
+
+
+def next_position(step: int, epoch: int, batch_in_epoch: int, steps_per_epoch: int) -> dict:
+    """Where a resumed run starts: the batch after the last one trained."""
+    if batch_in_epoch == steps_per_epoch:
+        epoch, batch_in_epoch = epoch + 1, 0
+    return {"step": step, "epoch": epoch, "batch_in_epoch": batch_in_epoch}
+
+
+def epoch_batches(data, epoch: int, start: int, steps_per_epoch: int, repeat_count: int):
+    """Batches start.. of an epoch: `repeat_count` passes over the data, at most
+    steps_per_epoch batches."""
+    passes = (data.epoch(epoch, max(start - p * len(data), 0))
+              for p in range(max(repeat_count, 1)) if start < (p + 1) * len(data))
+    return itertools.islice(itertools.chain.from_iterable(passes), steps_per_epoch - start)
+
+
+class _Reporter:
+    """Progress lines and records; an interval's steps, time and all-to-all bytes are
+    restarted together after an evaluation or a checkpoint."""
+
+    def __init__(self, trainer, logger, total_steps: int, samples_per_step: int):
+        self.trainer, self.logger = trainer, logger
+        self.progress = Progress(total_steps, samples_per_step, clock=time.perf_counter)
+        self.counts_bytes = hasattr(trainer.comm, "alltoall_bytes_sent")
+        self.bytes_sent = self._bytes()
+
+    def _bytes(self) -> int:
+        return self.trainer.comm.alltoall_bytes_sent() if self.counts_bytes else 0
+
+    def restart(self) -> None:
+        self.progress.restart_interval()
+        self.bytes_sent = self._bytes()
+
+    def report(self, epoch: int, step: int, loss) -> None:
+        self.trainer.check_finite()  # the only host sync of the training steps
+        report = self.progress.report(step)
+        rates = self.trainer.learning_rates(step - 1)
+        loss = float(loss)
+        record = {"loss": loss, **rates, "samples_per_second": report["samples_per_second"]}
+        if self.counts_bytes:
+            sent = self._bytes()
+            record["alltoall_bytes_per_step_rank0"] = ((sent - self.bytes_sent)
+                                                       / max(report["interval_steps"], 1))
+            self.bytes_sent = sent
+        self.logger.log((epoch, step), record)
+        shown = {k.replace("learning_rate", "lr"): v for k, v in rates.items()}
+        self.logger.print(self.progress.line(step, report, epoch=epoch, loss=loss, **shown))
+
+
+class _Run:
+    """One call of train(): the position, the counters and what happens between steps."""
+
+    def __init__(self, trainer, data, evaluator, logger, config: LoopConfig, position, save):
+        self.trainer, self.data, self.evaluator = trainer, data, evaluator
+        self.logger, self.config, self.save_fn = logger, config, save
+        self.steps_per_epoch = config.steps_per_epoch(len(data))
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"the training data has fewer rows than one batch "
+                             f"(global batch {config.batch_size})")
+        self.total_steps = config.total_steps(self.steps_per_epoch)
+        self.eval_every = max(self.steps_per_epoch // config.evals_per_epoch, 1)
+        self.step, self.epoch = position["step"], position["epoch"]
+        self.batch_in_epoch = position.get("batch_in_epoch", 0)
+        self.metrics, self.last_eval_step, self.last_saved_step = {}, None, None
+        self.reporter = _Reporter(trainer, logger, self.total_steps, config.batch_size)
+        self.timer = StepTimer(config.benchmark_warmup_steps, clock=time.perf_counter)
+        # the epoch's loss sum stays on the device; steps and rows (all ranks) on the host
+        self.loss_sum, self.epoch_steps, self.epoch_rows = 0.0, 0, 0
+
+    @property
+    def benchmark(self) -> bool:
+        return self.config.benchmark_steps > 0
+
+    def evaluate(self) -> None:
+        self.trainer.check_finite()
+        with self.trainer.comm.waiting("the evaluation (gather and broadcast)", self.step):
+            metrics = self.evaluator()
+        if self.epoch_steps:
+            metrics.update(train_loss=float(self.loss_sum) / self.epoch_steps,
+                           train_samples=self.epoch_rows)
+        self.metrics, self.last_eval_step = metrics, self.step
+        self.logger.log((self.epoch, self.step), metrics)
+        self.logger.print(f"eval at step {self.step} (epoch {self.epoch}): "
+                          f"{metrics_text(metrics)}")
+        self.reporter.restart()
+
+    def save(self) -> None:
+        if self.save_fn is None or self.benchmark or self.last_saved_step == self.step:
+            return
+        self.trainer.check_finite()  # a diverged state is never saved
+        with self.trainer.comm.waiting("the checkpoint's barrier", self.step):
+            where = self.save_fn(next_position(self.step, self.epoch, self.batch_in_epoch,
+                                               self.steps_per_epoch))
+        self.last_saved_step = self.step
+        self.logger.log((self.epoch, self.step), {"checkpoint_saved": where})
+        self.logger.print(f"checkpoint saved at step {self.step}: {where}")
+        self.reporter.restart()
+
+    def after_step(self, loss, rows: int) -> None:
+        config, end_of_epoch = self.config, self.batch_in_epoch == self.steps_per_epoch
+        self.loss_sum, self.epoch_steps = self.loss_sum + loss, self.epoch_steps + 1
+        self.epoch_rows += rows
+        if self.step % config.print_freq == 0 or self.step == self.total_steps:
+            self.reporter.report(self.epoch, self.step, loss)
+        if self.benchmark:
+            return
+        if self.batch_in_epoch % self.eval_every == 0 or end_of_epoch \
+                or self.step == self.total_steps:
+            self.evaluate()
+        if (config.checkpoint_steps and self.step % config.checkpoint_steps == 0) or \
+                (config.checkpoint_every_epoch and end_of_epoch):
+            self.save()
+
+    def run_epoch(self) -> None:
+        collectives = step_collectives_text(self.trainer)
+        for batch in epoch_batches(self.data, self.epoch, self.batch_in_epoch,
+                                   self.steps_per_epoch, self.config.repeat_count):
+            rows = self.trainer.global_rows(batch)
+            with self.trainer.comm.waiting(collectives, self.step + 1), self.timer.step(rows):
+                loss = self.trainer.train_step(batch, self.step)
+            self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
+            self.reporter.progress.step_done()
+            self.after_step(loss, rows)
+            if self.step >= self.total_steps:
+                return  # the epoch is not advanced here: save() derives the next position
+        self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+        self.loss_sum, self.epoch_steps, self.epoch_rows = 0.0, 0, 0
+
+    def run(self) -> dict:
+        config, start = self.config, time.perf_counter()
+        self.logger.print(f"training: {self.total_steps} steps ({self.steps_per_epoch} per "
+                          f"epoch), global batch {config.batch_size}, "
+                          f"{self.trainer.comm.size} process(es)")
+        while self.step < self.total_steps and (self.benchmark or self.epoch < config.epochs):
+            self.run_epoch()
+        if not self.benchmark and self.last_eval_step != self.step:
+            self.evaluate()
+        elapsed = time.perf_counter() - start
+        final = dict(self.metrics, step=self.step, training_seconds=elapsed,
+                     **self.timer.summary())
+        self.logger.log((), final)
+        self.logger.print(f"done: step {self.step}, {metrics_text(final) or 'no evaluation'}, "
+                          f"{elapsed:.1f} s{_throughput_text(final, config)}")
+        self.save()
+        return final
+
+    def position(self) -> dict:
+        return next_position(self.step, self.epoch, self.batch_in_epoch, self.steps_per_epoch)
+
+
+def _throughput_text(final: dict, config: LoopConfig) -> str:
+    if "throughput" not in final:
+        return f", no step after the {config.benchmark_warmup_steps} warm-up steps timed"
+    return f", {final['throughput']:,.0f} samples/s over {final['timed_steps']} timed steps"
+
+
+def train(trainer, data, evaluator, logger, config: LoopConfig, position: dict,
+          save=None) -> tuple:
+    """Train from `position` ({'step', 'epoch'[, 'batch_in_epoch']}) to the end of the
+    config's epochs or steps; evaluator() -> metrics dict; save(position) -> where it saved
+    (None: no checkpoints). Returns the final record and the position after it."""
+    run = _Run(trainer, data, evaluator, logger, config, position, save)
+    return run.run(), run.position()
+
+
+def benchmark_inference(trainer, batches, steps: int, warmup: int = 10,
+                        distinct: int = 8) -> dict:
+    """Latency of the prediction step alone: `distinct` batches are loaded once and cycled
+    (the input pipeline is not timed), and every timing includes copying the result to the
+    host. Rows are this rank's rows of each batch."""
+    loaded = list(itertools.islice(iter(batches), distinct))
+    if not loaded:
+        raise ValueError("no evaluation data for the inference benchmark")
+    for i in range(warmup):
+        np.asarray(trainer.predict(loaded[i % len(loaded)]))
+    latencies, samples = [], 0
+    for i in range(steps):
+        batch = loaded[i % len(loaded)]
+        start = time.perf_counter()
+        np.asarray(trainer.predict(batch))
+        latencies.append(time.perf_counter() - start)
+        samples += len(trainer.label(batch))
+    latencies = np.asarray(latencies)
+    return {"mean_inference_throughput": samples / latencies.sum(),
+            "mean_inference_latency": float(latencies.mean()),
+            **{f"p{q}_inference_latency": float(np.percentile(latencies, q))
+               for q in (90, 95, 99)},
+            "timed_steps": steps, "timed_samples": samples,
+            "timed_seconds": float(latencies.sum())}
