@@ -301,9 +301,10 @@ def test_mix_of_replicated_sliced_and_whole_tables_matches_one_process(mix_runs,
 
 def test_a_rank_that_stops_coming_is_named_and_ends_the_job(tmp_path):
     """Rank 1 sleeps before step 2 far longer than the stall limit: rank 0, waiting in that
-    step's collectives, names them, the step and rank 1, and the job exits non-zero."""
+    step's collectives, names them, the step and rank 1, and the job exits non-zero. The limit
+    (20 s) leaves room for step 1's tracing on a loaded machine, far below the 120 s sleep."""
     proc = launch(2, *MIX, "--column_slice_threshold", "40000", "--data_parallel_threshold",
-                  "1000", "--collective_timeout_s", "6", "--log_path", str(tmp_path / "l.json"),
+                  "1000", "--collective_timeout_s", "20", "--log_path", str(tmp_path / "l.json"),
                   env={"DLRM_TEST_DELAY_RANK": "1:2:120"}, timeout=110)
     assert proc.returncode != 0
     lines = [line for line in (proc.stdout + proc.stderr).splitlines() if "error: rank 0" in line]

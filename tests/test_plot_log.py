@@ -10,7 +10,7 @@ def write_log(path, with_map):
     for step in (10, 20, 30):
         logger.log((0, step), {"loss": 1.0 / step})
     for epoch, step in ((0, 30), (1, 60)):
-        metrics = {"auc": 0.6 + epoch / 10, "eval_loss": 0.5}
+        metrics = {"auc": 0.6 + epoch / 10, "validation_loss": 0.5}
         if with_map:
             metrics["map12"] = 0.5 + epoch / 10
         logger.log((epoch, step), metrics)
@@ -41,7 +41,7 @@ def test_curves_and_panels(tmp_path, with_map, monkeypatch):
 def test_log_without_curves_is_an_error(tmp_path):
     log = tmp_path / "log.json"
     logger = DLLogger(str(log), stdout=False)
-    logger.log((), {"train_throughput": 5.0})
+    logger.log((), {"throughput": 5.0})
     logger.close()
     with pytest.raises(ValueError, match="no loss"):
         plot_log.plot(str(log), str(tmp_path / "x.png"))

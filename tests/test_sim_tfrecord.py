@@ -133,7 +133,7 @@ def test_main_trains_on_prebatched_reference_files(tmp_path, model_type):
               "--global_batch_size", "5"])
     epochs = [r["data"] for r in read_log(str(tmp_path / "r" / "log.json"))
               if r["step"] and "auc" in r["data"]]
-    assert [(e["train_samples"], e["test_samples"]) for e in epochs] == [(37, 21)] * 2
+    assert [(e["train_samples"], e["eval_samples"]) for e in epochs] == [(37, 21)] * 2
 
 
 def test_prebatch_size_from_flag_must_match_the_data(tmp_path):
