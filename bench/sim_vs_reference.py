@@ -87,8 +87,8 @@ def final_record(log: str) -> dict:
     return final
 
 
-def inference_run(args, impl: str, project: str, model: str, batch: int, data: str, seed: int, warmup: int,
-                  steps: int, out: str) -> tuple:
+def inference_run(args, impl: str, project: str, model: str, batch: int, data: str,
+                  seed: int, warmup: int, steps: int, out: str) -> tuple:
     """(samples/s, p99 latency in ms) of one `--mode inference` run."""
     os.makedirs(out, exist_ok=True)
     common = ["--mode", "inference", "--dataset_dir", data, "--model_type", model,
