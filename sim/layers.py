@@ -26,9 +26,14 @@ def apply_mlp(mlp: MLP, x, compute_dtype):
 class AttentionUnit(tf.Module):
     """DIN's activation unit: score(q, k) = MLP([q, k, q - k, q * k]) -> [B, S].
 
-    The first layer's kernel is one [4W, H] matrix (blocks for q, k, q-k, q*k), but it is
-    applied in the equivalent form q (Wq + Wd) + [k, q*k] [Wk - Wd; Wp]: the query's part is
-    computed once per row instead of once per behaviour, halving the dominant matmul."""
+    The first layer's kernel is one [4W, H] matrix (blocks for q, k, q-k, q*k), applied in
+    the equivalent form q (Wq + Wd) + [k, q*k] [Wk - Wd; Wp]: the query's part once per row.
+    Over long sequences (S >= PER_ROW_MIN_STEPS) the keys' part is k (Wk - Wd + diag(q) Wp):
+    one [W, H] kernel per row, a batched matmul of width W instead of 2W (half the
+    multiply-adds, no [B, S, 2W] product); over short ones the per-row kernels cost more
+    than they save."""
+
+    PER_ROW_MIN_STEPS = 32
 
     def __init__(self, item_width: int, widths, seed: int, key: int, name: str):
         super().__init__(name=name)
@@ -45,8 +50,12 @@ class AttentionUnit(tf.Module):
     def __call__(self, query, keys, compute_dtype):
         wq, wk, wd, wp = tf.split(tf.cast(self.kernel, compute_dtype), 4, axis=0)
         per_row = tf.nn.bias_add(tf.matmul(query, wq + wd), tf.cast(self.bias, compute_dtype))
-        per_step = matmul_last_axis(tf.concat([keys, query[:, None, :] * keys], -1),
-                                    tf.concat([wk - wd, wp], 0))
+        if (keys.shape[1] or 0) >= self.PER_ROW_MIN_STEPS:
+            row_kernels = (wk - wd)[None] + query[:, :, None] * wp[None]  # [B, W, H]
+            per_step = tf.matmul(keys, row_kernels)
+        else:
+            per_step = matmul_last_axis(tf.concat([keys, query[:, None, :] * keys], -1),
+                                        tf.concat([wk - wd, wp], 0))
         hidden = tf.nn.relu(per_row[:, None, :] + per_step)
         return tf.squeeze(apply_mlp(self.rest, hidden, compute_dtype), axis=-1)
 

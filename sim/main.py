@@ -32,8 +32,8 @@ flags.DEFINE_float("dropout_rate", -1.0, "Dropout on the stage-two MLP input; -1
 flags.DEFINE_bool("amp", False, "bfloat16 (CPU) / float16 (GPU) compute; tables stay float32")
 flags.DEFINE_bool("xla", False, "JIT-compile everything after the lookups with XLA")
 flags.DEFINE_bool("drop_remainder", False, "Drop the last partial training batch")
-flags.DEFINE_bool("disable_cache", False, "Re-read the test data at every evaluation "
-                  "instead of keeping it in memory")
+flags.DEFINE_bool("disable_cache", False, "Re-read the training and test data at every "
+                  "epoch instead of keeping them in memory")
 flags.DEFINE_integer("repeat_count", 0, "Passes over the training data per epoch (0 or 1: "
                      "one)", lower_bound=0)
 flags.DEFINE_integer("prefetch_train_size", -1, "Training batches prepared ahead (-1: "
@@ -126,7 +126,7 @@ def pipelines(spec, comm):
     from sim.data import open_mapping
     from sim.trainer import step_batch
     train = open_mapping(spec, "train", F.global_batch_size, comm, F.drop_remainder,
-                         F.prebatch_train_size)
+                         F.prebatch_train_size, cache=not F.disable_cache)
     test = open_mapping(spec, "test", F.global_batch_size, comm,
                         prebatch=F.prebatch_test_size)
     labels, parallel = (spec.label_feature,), F.num_parallel_calls or tf.data.AUTOTUNE

@@ -2,7 +2,11 @@
 
   python -m sim.synthetic --dst DIR [--users N] [--items M] [--categories K]
       [--history_length L] [--signal {long,short,none}] [--seed S]
-      [--prebatch_train_size P] [--prebatch_test_size P]
+      [--prebatch_train_size P] [--prebatch_test_size P] [--format {tfrecord,parquet}]
+
+--format parquet writes NVIDIA's BYO layout instead (metadata.json, train/ and test/ parquet
+parts: label, user, target, positive and negative history columns), the input of the
+reference's preprocessing/parquet_to_tfrecord.py (and of sim.preproc.parquet_to_tfrecord).
 
 The signal: user u has a preferred category p_u. Item i has category i % K. A row is one
 user with a history of `length` behaviours (between 3/4 of L and L) and a target item whose
@@ -99,6 +103,31 @@ def write(dst: str, users=4000, items=1000, categories=20, history_length=100, s
                          prebatch=prebatch)
 
 
+def write_byo_parquet(dst: str, users=4000, items=1000, categories=20, history_length=100,
+                      signal="long", seed=0, parts=4):
+    """The same rows in NVIDIA's BYO parquet layout (histories as left-padded lists)."""
+    import json
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    data = generate(users, items, categories, history_length, signal, seed)
+    os.makedirs(dst, exist_ok=True)
+    cards = [(schema.USER, users), (schema.ITEM, items), (schema.CATEGORY, categories)]
+    with open(os.path.join(dst, "metadata.json"), "w") as f:
+        json.dump({"cardinalities": [{"name": n, "value": v} for n, v in cards]}, f)
+    order = (schema.LABEL, schema.USER, schema.ITEM, schema.CATEGORY) + schema.POSITIVE + \
+        schema.NEGATIVE
+    for mapping, cols in data.items():
+        os.makedirs(os.path.join(dst, mapping), exist_ok=True)
+        table = pa.table({n: list(cols[n][0]) if isinstance(cols[n], tuple) else cols[n]
+                          for n in order})
+        for k, start in enumerate(range(0, table.num_rows, -(-table.num_rows // parts))):
+            pq.write_table(table.slice(start, -(-table.num_rows // parts)),
+                           os.path.join(dst, mapping, f"part.{k}.parquet"))
+    return sum(len(cols[schema.LABEL]) for cols in data.values())
+
+
 def main(argv=None):
     runtime.configure()  # quiet TensorFlow, which the TFRecord writer imports
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -113,9 +142,15 @@ def main(argv=None):
                    help="rows per TFRecord record of train (0: one row per record)")
     p.add_argument("--prebatch_test_size", type=int, default=0, help="the same for test")
     p.add_argument("--overwrite", action="store_true", help="replace a non-empty --dst")
+    p.add_argument("--format", choices=("tfrecord", "parquet"), default="tfrecord",
+                   help="parquet: NVIDIA's BYO layout (input of its parquet_to_tfrecord.py)")
     a = p.parse_args(argv)
 
     def work():
+        if a.format == "parquet":
+            rows = write_byo_parquet(a.dst, a.users, a.items, a.categories, a.history_length,
+                                     a.signal, a.seed)
+            return f"wrote {a.dst}: {rows} rows (BYO parquet), signal {a.signal}"
         spec = write(a.dst, a.users, a.items, a.categories, a.history_length, a.signal, a.seed,
                      a.overwrite, {"train": a.prebatch_train_size,
                                    "test": a.prebatch_test_size})

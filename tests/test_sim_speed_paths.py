@@ -1,0 +1,112 @@
+"""The speed paths of SIM/DIN/DIEN compute what the plain ones do: the shared-table lookup
+(one gather of the distinct ids) gives the per-position gradient summed per row, checked
+against numpy; the in-memory batch cache gives the batches the reader gives, reading each
+once; the BYO parquet writer's rows come back through the parquet -> TFRecord tool."""
+import numpy as np
+import pytest
+
+import runtime
+
+runtime.configure()
+import tensorflow as tf  # noqa: E402
+
+from sim.model import SimConfig, SimModel  # noqa: E402
+
+
+@pytest.mark.parametrize("model_type", ["din", "dien", "sim"])
+def test_shared_lookup_gradient_is_the_per_position_sum(model_type):
+    rng = np.random.default_rng(0)
+    B, D, L, items, cats = 4, 7, 4, 6, 3
+    config = SimConfig((5,), (items, cats), D, model_type, long_seq_length=L, embedding_dim=2)
+    model = SimModel(config)
+
+    def ids(n, shape):  # 0 (padding) included: it is a row of the table like any other
+        return tf.constant(rng.integers(0, n + 1, shape), tf.int64)
+
+    inputs = {"user": [ids(5, [B])], "target": [ids(items, [B]), ids(cats, [B])],
+              "positive": [ids(items, [B, D]), ids(cats, [B, D])],
+              "negative": [ids(items, [B, D]), ids(cats, [B, D])]}
+    tables = model.item_tables
+    with tf.GradientTape() as tape:
+        out = model.lookup(inputs)
+        embedded = {k: v for k, v in out.items() if "mask" not in k and k != "user"}
+        weights = {k: tf.constant(rng.normal(size=v.shape), tf.float32)
+                   for k, v in embedded.items()}
+        total = tf.add_n([tf.reduce_sum(v * weights[k]) for k, v in embedded.items()])
+    grads = tape.gradient(total, tables)
+    # numpy: every position adds its weight row to the row of its id
+    where = {"target": lambda x: x, "history": lambda x: x,
+             "long": lambda x: x[:, :L], "short": lambda x: x[:, L:],
+             "short_negative": lambda x: x[:, L:]}
+    for t, (table, grad) in enumerate(zip(tables, grads)):
+        expected = np.zeros(table.shape, np.float32)
+        used = set()
+        for name, w in weights.items():
+            source = inputs["target" if name == "target" else
+                            "negative" if name == "short_negative" else "positive"][t]
+            rows = where[name](source.numpy()).reshape(-1)
+            np.add.at(expected, rows, w.numpy()[..., 2 * t:2 * t + 2].reshape(-1, 2))
+            used.update(rows.tolist())
+        assert isinstance(grad, tf.IndexedSlices)
+        assert sorted(grad.indices.numpy().tolist()) == sorted(used)  # one row per id
+        np.testing.assert_allclose(tf.convert_to_tensor(grad).numpy(), expected, rtol=1e-5,
+                                   atol=1e-6)
+
+
+def test_cached_batches_equal_read_batches_and_are_read_once(tmp_path):
+    from distributed import make_communicator
+    from sim.data import load_spec, open_mapping
+    from sim.synthetic import write
+    write(str(tmp_path / "d"), users=60, items=30, categories=4, history_length=95, seed=1)
+    spec = load_spec(str(tmp_path / "d"), "feature_spec.yaml")
+    comm = make_communicator()
+    plain = open_mapping(spec, "train", 16, comm)
+    cached = open_mapping(spec, "train", 16, comm, cache=True)
+    reads = []
+    inner = cached._reader.get
+    cached._reader.get = lambda i: reads.append(i) or inner(i)
+    for _ in range(2):  # two epochs
+        for i in range(len(plain)):
+            a, b = plain.get(i), cached.get(i)
+            assert a.keys() == b.keys()
+            for k in a:
+                np.testing.assert_array_equal(a[k], b[k])
+    assert sorted(reads) == list(range(len(plain)))
+
+
+def test_byo_parquet_rows_come_back_through_the_tfrecord_tool(tmp_path):
+    from distributed import make_communicator
+    from sim.data import load_spec, open_mapping
+    from sim.preproc.parquet_to_tfrecord import main as to_tfrecord
+    from sim.synthetic import generate, write_byo_parquet
+    rows = write_byo_parquet(str(tmp_path / "byo"), users=50, items=40, categories=5,
+                             history_length=95, seed=2)
+    assert rows == 50
+    assert to_tfrecord(["--amazon_dataset_path", str(tmp_path / "byo"), "--tfrecord_output_dir",
+                        str(tmp_path / "tf"), "--max_seq_len", "95"]) in (0, None)
+    spec = load_spec(str(tmp_path / "tf"), "feature_spec.yaml")
+    expected = generate(50, 40, 5, 95, "long", 2)
+    for mapping in ("train", "test"):
+        reader = open_mapping(spec, mapping, 1000, make_communicator())
+        got = reader.get(0)
+        want = expected[mapping]
+        np.testing.assert_array_equal(got["label"].astype(bool), want["label"].astype(bool))
+        np.testing.assert_array_equal(got["user_feat_0"], want["user_id"])
+        np.testing.assert_array_equal(got["item_feat_1_trgt"], want["cat_id"])
+        np.testing.assert_array_equal(got["item_feat_0_pos"], want["hist_item_id"][0])
+        np.testing.assert_array_equal(got["item_feat_1_neg"], want["neg_hist_cat_id"][0])
+
+
+def test_attention_over_long_sequences_uses_per_row_kernels_with_the_same_scores():
+    """S >= PER_ROW_MIN_STEPS takes the per-row-kernel path; the scores are DIN's MLP on
+    [q, k, q-k, q*k] (numpy, written out) all the same."""
+    from sim import layers
+    from test_sim_layers import np_scores
+    rng = np.random.default_rng(5)
+    B, W = 3, 4
+    S = layers.AttentionUnit.PER_ROW_MIN_STEPS + 3
+    unit = layers.AttentionUnit(W, (6, 5), seed=1, key=0, name="long_att")
+    q = rng.normal(size=(B, W)).astype(np.float32)
+    keys = rng.normal(size=(B, S, W)).astype(np.float32)
+    got = unit(tf.constant(q), tf.constant(keys), tf.float32).numpy()
+    np.testing.assert_allclose(got, np_scores(unit, q, keys), rtol=1e-4, atol=1e-5)
