@@ -117,6 +117,8 @@ def pieces(model, inputs, compute_dtype):
 
 
 def profile(spec, model_type: str, batch_size: int, steps: int, xla: bool):
+    import tensorflow as tf
+
     from distributed import make_communicator
     from sim.data import model_shape
     from sim.model import SimConfig, SimModel
@@ -128,13 +130,15 @@ def profile(spec, model_type: str, batch_size: int, steps: int, xla: bool):
     data = batches(spec, batch_size, 4)
     counter = iter(range(10 ** 9))
 
-    def step():
+    rows_t = tf.constant(batch_size, tf.int32)
+
+    def step():  # the engine's SIM batch: (inputs, label, global rows); the loss read back
         inputs, label = data[next(counter) % len(data)]
-        trainer.train_step(inputs, label, batch_size, 0)
+        float(trainer.train_step((inputs, label, rows_t), 0))
 
     rows = [{"piece": "whole train step", "ms": median_ms(step, steps)}]
     rows.append({"piece": "predict", "ms": median_ms(
-        lambda: trainer.predict(data[0][0]).numpy(), steps)})
+        lambda: trainer.predict((data[0][0], data[0][1], rows_t)).numpy(), steps)})
     for name, fn in pieces(model, data[0][0], trainer.compute_dtype).items():
         rows.append({"piece": name, "ms": median_ms(fn, steps)})
     for r in rows:
