@@ -156,7 +156,7 @@ def op_times(step_fn, data, steps: int) -> dict:
 PIECES = (("sparse SGD update, 26 tables", r":(ResourceScatter|ResourceSparseApply)"),
           ("embedding lookup + its gradient", r"embeddings/|:ResourceGather|Unpack"),
           ("bottom MLP fwd+bwd", r"bottom_mlp/"),
-          ("interaction fwd+bwd", r"interaction/"),
+          ("interaction fwd+bwd", r"interaction(_grad)?/"),
           ("top MLP fwd+bwd", r"top_mlp/"),
           ("loss", r"logistic_loss|loss/"),
           ("dense SGD update", r":(AssignSubVariableOp|ResourceApplyGradientDescent|Mul)$"),
