@@ -59,7 +59,9 @@ def make_plan(cardinalities, dim: int, world_size: int = 1, column_slice_thresho
 
 class EmbeddingLayer(tf.Module):
     """This rank's share of the tables, and the lookup that returns, for the local batch
-    rows, one [b_local, dim] vector per table in table order ([b_local, T, dim])."""
+    rows, one [b_local, dim] tensor per table in table order (a list, not stacked: the
+    interaction stacks them with the bottom MLP's output in one copy, and the gradient of
+    each reaches its table's sparse update without slicing a stacked gradient)."""
 
     def __init__(self, plan: PlacementPlan, comm: Communicator = None, seed: int = 0,
                  trainable: bool = True, offload_threshold_bytes: int = 0, name="embeddings"):
@@ -117,9 +119,7 @@ class EmbeddingLayer(tf.Module):
             vectors[t] = [tf.nn.embedding_lookup(var, ids[t][start:stop])]
         per_table = [v[0] if len(v) == 1 else tf.concat(v, axis=1)
                      for _, v in sorted(vectors.items())]
-        if not per_table:  # a dataset without categorical features
-            return tf.zeros([stop - start, 0, self.plan.dim]), sources
-        return tf.stack(per_table, axis=1), sources
+        return per_table, sources
 
     def _exchange(self, ids, global_batch):
         """Model-parallel lookups for the global batch -> each rank's local rows (all-to-all);

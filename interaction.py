@@ -33,12 +33,44 @@ def lower_triangle_flat_indices(num_rows: int) -> np.ndarray:
     return (rows * num_rows + cols).astype(np.int32)
 
 
+def symmetric_pair_index(num_rows: int) -> np.ndarray:
+    """For each (i, j) of a flattened [R, R] matrix, the position of pair (max, min) in the
+    row-major lower-triangle order, or R(R-1)/2 (a zero column) on the diagonal."""
+    index = np.full((num_rows, num_rows), num_rows * (num_rows - 1) // 2, np.int32)
+    rows, cols = np.tril_indices(num_rows, k=-1)
+    index[rows, cols] = index[cols, rows] = np.arange(rows.size, dtype=np.int32)
+    return index.reshape(-1)
+
+
+@tf.custom_gradient
+def pair_products(x):
+    """<x_i, x_j> for i > j, row-major, of x [B, R, C] -> [B, R(R-1)/2]: the gram matrix's
+    lower triangle. The gradient is written out because autodiff of gram-then-gather costs
+    two batched matmuls plus a transpose / segment-sum / transpose to scatter the triangle
+    back; with the pairs' gradient placed symmetrically in S [B, R, R] (zero diagonal),
+    dx = S x is one batched matmul and one gather."""
+    num_rows = x.shape[1]
+    gram = tf.matmul(x, x, transpose_b=True)
+    pairs = tf.gather(tf.reshape(gram, [-1, num_rows * num_rows]),
+                      lower_triangle_flat_indices(num_rows), axis=1)
+
+    def grad(d_pairs):
+        with tf.name_scope("interaction_grad"):  # names the piece in a profile
+            return _pair_products_grad(d_pairs, x, num_rows)
+
+    return pairs, grad
+
+
+def _pair_products_grad(d_pairs, x, num_rows: int):
+    padded = tf.concat([d_pairs, tf.zeros([tf.shape(d_pairs)[0], 1], d_pairs.dtype)], axis=1)
+    symmetric = tf.gather(padded, symmetric_pair_index(num_rows), axis=1)
+    return tf.matmul(tf.reshape(symmetric, [-1, num_rows, num_rows]), x)
+
+
 def dot_interact_tf(interaction_input, bottom_mlp_output):
     """Reference dot interaction with plain TensorFlow ops (any device, any dtype)."""
     num_rows, dim = interaction_input.shape[1], interaction_input.shape[2]
-    gram = tf.matmul(interaction_input, interaction_input, transpose_b=True)
-    flat = tf.reshape(gram, [-1, num_rows * num_rows])
-    pairs = tf.gather(flat, lower_triangle_flat_indices(num_rows), axis=1)
+    pairs = pair_products(interaction_input)
     padding = dot_output_width(num_rows, dim) - dim - pairs.shape[1]
     pieces = [bottom_mlp_output, pairs]
     if padding:
@@ -160,8 +192,8 @@ class DotInteraction(tf.Module):
         return dot_output_width(num_embeddings + 1, dim)
 
     def __call__(self, bottom_mlp_output, embeddings):
-        """bottom_mlp_output [B, C]; embeddings [B, T, C]."""
-        interaction_input = tf.concat([bottom_mlp_output[:, None, :], embeddings], axis=1)
+        """bottom_mlp_output [B, C]; embeddings: T tensors [B, C]."""
+        interaction_input = tf.stack([bottom_mlp_output] + list(embeddings), axis=1)
         return self.implementation(interaction_input, bottom_mlp_output)
 
 
@@ -195,8 +227,8 @@ class CrossInteraction(tf.Module):
         return out
 
     def __call__(self, bottom_mlp_output, embeddings, compute_dtype=tf.float32):
-        x0 = tf.concat([bottom_mlp_output, tf.reshape(embeddings, [tf.shape(embeddings)[0], -1])],
-                       axis=1)
+        """bottom_mlp_output [B, C]; embeddings: T tensors [B, dim]."""
+        x0 = tf.concat([bottom_mlp_output] + list(embeddings), axis=1)
         x = x0
         for u, v, b in self.layers:
             u, v, b = (tf.cast(w, compute_dtype) for w in (u, v, b))

@@ -96,19 +96,24 @@ class DLRM(tf.Module):
         return self.forward_dense(numerical, embedded, compute_dtype)
 
     def forward_dense(self, numerical, embedded, compute_dtype=tf.float32):
-        """Everything after the lookup: embedded [b_local, T, dim] (float32) -> logits."""
-        embedded = tf.cast(embedded, compute_dtype)
-        if self.bottom_mlp is not None:
-            x = tf.cast(numerical, compute_dtype)
-            pad = self.padded_numerical - self.config.num_numerical
-            if pad:
-                x = tf.pad(x, [[0, 0], [0, pad]])
-            bottom = self.bottom_mlp(x, compute_dtype)
-        else:
-            bottom = tf.zeros([tf.shape(embedded)[0], 0], compute_dtype)
-        if isinstance(self.interaction, DotInteraction):
-            features = self.interaction(bottom, embedded)
-        else:
-            features = self.interaction(bottom, embedded, compute_dtype)
-        logits = self.top_mlp(features, compute_dtype)
+        """Everything after the lookup: embedded, one [b_local, dim] float32 tensor per table
+        -> logits. The name scopes name the pieces in a profile (bench/train_throughput.py
+        --profile)."""
+        embedded = [tf.cast(e, compute_dtype) for e in embedded]
+        with tf.name_scope("bottom_mlp"):
+            if self.bottom_mlp is not None:
+                x = tf.cast(numerical, compute_dtype)
+                pad = self.padded_numerical - self.config.num_numerical
+                if pad:
+                    x = tf.pad(x, [[0, 0], [0, pad]])
+                bottom = self.bottom_mlp(x, compute_dtype)
+            else:
+                bottom = tf.zeros([tf.shape(embedded[0])[0], 0], compute_dtype)
+        with tf.name_scope("interaction"):
+            if isinstance(self.interaction, DotInteraction):
+                features = self.interaction(bottom, embedded)
+            else:
+                features = self.interaction(bottom, embedded, compute_dtype)
+        with tf.name_scope("top_mlp"):
+            logits = self.top_mlp(features, compute_dtype)
         return tf.cast(tf.squeeze(logits, axis=1), tf.float32)

@@ -14,7 +14,10 @@ class SGD:
         return {}
 
     def apply_dense(self, var, grad, lr):
-        var.assign_sub(lr * grad)
+        # one in-place kernel (var -= lr * grad) instead of a multiply into a temporary and
+        # a subtraction
+        tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=tf.cast(lr, var.dtype),
+                                                delta=grad)
 
     def apply_sparse(self, var, grad: tf.IndexedSlices, lr):
         # ResourceScatterSub adds duplicate indices' contributions: exactly the summed gradient.

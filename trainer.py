@@ -29,7 +29,8 @@ class DLRMTask:
 
     def lookup(self, batch):
         _, categorical, _, global_rows = batch
-        embedded, sources = self.model.embeddings.lookup(list(categorical), global_rows)
+        with tf.name_scope("embeddings"):  # names the piece in a profile
+            embedded, sources = self.model.embeddings.lookup(list(categorical), global_rows)
         return embedded, None, sources
 
     @staticmethod

@@ -7,13 +7,15 @@ same model with oneDNN forced on, to show how much of the gain is that setting a
 Every variant runs in its own process (its own TensorFlow settings, no shared memory) on
 the same pre-generated synthetic batches, so the input pipeline is not measured.
 
-  .venv/bin/python bench/train_throughput.py [--batch_sizes 2048,16384] [--steps 20]
+  .venv/bin/python bench/train_throughput.py [--batch_sizes 2048,16384] [--steps 20] [--rounds 3]
+  .venv/bin/python bench/train_throughput.py --profile --variants ours --steps 5
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -107,49 +109,137 @@ def measure(step_fn, data, steps: int, warmup: int = 3) -> float:
     return steps * int(data[0][0].shape[0]) / elapsed
 
 
-def worker(variant: str, batch_size: int, steps: int) -> float:
+def worker(variant: str, batch_size: int, steps: int, profile: bool = False):
     configure_environment(variant)
     builders = {"ours": lambda: ours(False), "ours_xla": lambda: ours(True),
                 "ours_amp_bf16": lambda: ours(False, amp=True), "naive_keras": naive_keras,
                 "naive_keras_onednn": naive_keras}
-    return measure(builders[variant](), batches(batch_size, 4), steps)
+    step_fn, data = builders[variant](), batches(batch_size, 4)
+    if profile:
+        return op_times(step_fn, data, steps)
+    return measure(step_fn, data, steps)
+
+
+def op_times(step_fn, data, steps: int) -> dict:
+    """{"wall_ms": per step, "ops": {"name:type": ms per step}} from a TensorFlow profiler
+    trace of `steps` steps (after warm-up). An op's time is its wall time on its executor
+    thread (its work on the intra-op pool included)."""
+    import glob
+    import tempfile
+    import tensorflow as tf
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    measure(step_fn, data, 1)
+    with tempfile.TemporaryDirectory() as logdir:
+        tf.profiler.experimental.start(logdir)
+        start = time.perf_counter()
+        for i in range(steps):
+            step_fn(data[i % len(data)], i)
+        wall = time.perf_counter() - start
+        tf.profiler.experimental.stop()
+        space = xplane_pb2.XSpace()
+        with open(glob.glob(f"{logdir}/**/*.xplane.pb", recursive=True)[0], "rb") as f:
+            space.ParseFromString(f.read())
+    ops = {}
+    for plane in space.planes:
+        for line in plane.lines:
+            if not line.name.startswith("tf_Compute"):  # the executor's threads
+                continue
+            for event in line.events:
+                name = plane.event_metadata[event.metadata_id].name
+                if re.fullmatch(r"[^:]+:[^:]+", name):  # "op_name:op_type", not a marker
+                    ops[name] = ops.get(name, 0.0) + event.duration_ps / 1e9 / steps
+    return {"wall_ms": 1e3 * wall / steps, "ops": ops}
+
+
+# pieces of the `ours` step, by op name (model.py's name scopes; the tape names an op's
+# gradient after it) or op type; the first match wins
+PIECES = (("sparse SGD update, 26 tables", r":(ResourceScatter|ResourceSparseApply)"),
+          ("embedding lookup + its gradient", r"embeddings/|:ResourceGather|Unpack"),
+          ("bottom MLP fwd+bwd", r"bottom_mlp/"),
+          ("interaction fwd+bwd", r"interaction(_grad)?/"),
+          ("top MLP fwd+bwd", r"top_mlp/"),
+          ("loss", r"logistic_loss|loss/"),
+          ("dense SGD update", r":(AssignSubVariableOp|ResourceApplyGradientDescent|Mul)$"),
+          ("other", r""))
+
+
+def print_profile(variant: str, batch_size: int, times: dict) -> None:
+    ops, by_piece, by_type = times["ops"], {}, {}
+    for name, ms in ops.items():
+        piece = next(p for p, pattern in PIECES if re.search(pattern, name))
+        by_piece.setdefault(piece, {}).setdefault(name.rsplit(":", 1)[1], 0.0)
+        by_piece[piece][name.rsplit(":", 1)[1]] += ms
+        by_type[name.rsplit(":", 1)[1]] = by_type.get(name.rsplit(":", 1)[1], 0.0) + ms
+    total = sum(ops.values())
+    print(f"\n{variant}, batch {batch_size}: {times['wall_ms']:.1f} ms per step (wall), "
+          f"{total:.1f} ms of op time per step (summed over executor threads)")
+    order = [p for p, _ in PIECES] if variant.startswith("ours") else []
+    for piece in order:
+        types = by_piece.get(piece, {})
+        ms = sum(types.values())
+        top = ", ".join(f"{t} {v:.1f}" for t, v in sorted(types.items(), key=lambda x: -x[1])[:4])
+        print(f"  {piece:34s}{ms:9.1f} ms {100 * ms / total:5.1f}%   {top}")
+    print("  by op type: " + ", ".join(f"{t} {v:.1f} ms ({100 * v / total:.0f}%)"
+                                       for t, v in sorted(by_type.items(), key=lambda x: -x[1])
+                                       if v >= 0.01 * total))
+
+
+def run_worker(name: str, batch_size: int, steps: int, profile: bool = False):
+    proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", name,
+                           "--batch_sizes", str(batch_size), "--steps", str(steps)]
+                          + (["--profile"] if profile else []), capture_output=True, text=True)
+    if proc.returncode:
+        sys.exit(f"{name} at batch {batch_size} failed:\n{proc.stderr[-3000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def report(results: dict, chosen: list) -> None:
+    """Medians over the rounds and ours / each other variant (ratio of the medians)."""
+    import statistics
+    print("\nmedians, samples/s\nbatch    " + "".join(f"{n:>19s}" for n in chosen))
+    for batch_size in sorted({b for _, b in results}):
+        medians = {n: statistics.median(results[(n, batch_size)]) for n in chosen}
+        print(f"{batch_size:<9d}" + "".join(f"{medians[n]:19,.0f}" for n in chosen))
+        if "ours" in medians:
+            print("  ours / " + ", ".join(f"{n} {medians['ours'] / medians[n]:.2f}x"
+                                          for n in chosen if n != "ours"))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch_sizes", default="2048,16384")
     parser.add_argument("--steps", type=int, default=20, help="timed steps per measurement")
-    parser.add_argument("--variants", default="ours,ours_xla,naive_keras,naive_keras_onednn",
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds; each runs every variant once, in turn (interleaved), so "
+                             "a change in the machine's load falls on all of them")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
                         help=f"comma-separated, of {VARIANTS}")
+    parser.add_argument("--profile", action="store_true",
+                        help="instead of throughput: where each variant's step spends its time "
+                             "(TensorFlow profiler; the `ours` step by piece, ms and share)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker, int(args.batch_sizes), args.steps)))
+        print(json.dumps(worker(args.worker, int(args.batch_sizes), args.steps, args.profile)))
         return
     chosen = args.variants.split(",")
     unknown = set(chosen) - set(VARIANTS)
     if unknown:
         sys.exit(f"unknown variant(s) {sorted(unknown)}; choose from {VARIANTS}")
+    if args.profile:
+        for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+            for name in chosen:
+                print_profile(name, batch_size, run_worker(name, batch_size, args.steps, True))
+        return
     results = {}
-    for batch_size in (int(b) for b in args.batch_sizes.split(",")):
-        for name in chosen:
-            proc = subprocess.run([sys.executable, os.path.abspath(__file__), "--worker", name,
-                                   "--batch_sizes", str(batch_size), "--steps",
-                                   str(args.steps)], capture_output=True, text=True)
-            if proc.returncode:
-                sys.exit(f"{name} at batch {batch_size} failed:\n{proc.stderr[-3000:]}")
-            results[(name, batch_size)] = json.loads(proc.stdout.strip().splitlines()[-1])
-            print(f"  {name:18s} batch {batch_size:6d}: "
-                  f"{results[(name, batch_size)]:10,.0f} samples/s", flush=True)
-    print("\nbatch    " + "".join(f"{n:>19s}" for n in chosen)
-          + "   best ours / naive_keras")
-    for batch_size in sorted({b for _, b in results}):
-        row = [results[(n, batch_size)] for n in chosen]
-        ours_best = max((results[(n, batch_size)] for n in chosen if n.startswith("ours")),
-                        default=float("nan"))
-        naive = results.get(("naive_keras", batch_size), float("nan"))
-        print(f"{batch_size:<9d}" + "".join(f"{v:19,.0f}" for v in row)
-              + f"   {ours_best / naive:.2f}x")
+    for round_ in range(args.rounds):
+        for batch_size in (int(b) for b in args.batch_sizes.split(",")):
+            for name in chosen:
+                value = run_worker(name, batch_size, args.steps)
+                results.setdefault((name, batch_size), []).append(value)
+                print(f"  round {round_ + 1} {name:18s} batch {batch_size:6d}: "
+                      f"{value:10,.0f} samples/s", flush=True)
+    report(results, chosen)
 
 
 if __name__ == "__main__":
