@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import interaction
+from conftest import drop_cli_flags
 from interaction import dot_interact_tf, select_dot_implementation
 
 
@@ -98,6 +99,7 @@ def test_deploy_exports_the_tensorflow_interaction_unless_asked(monkeypatch, cap
 
 
 def test_main_passes_xla_and_deploy_to_the_selection(monkeypatch):
+    drop_cli_flags("sim.main")  # if an earlier test imported SIM's CLI (same absl flags)
     import main
     seen = {}
 
