@@ -63,8 +63,8 @@ def dot_product(query, keys, compute_dtype=None):
 
 def masked_softmax(scores, mask):
     """Softmax over the valid steps; padding gets exactly 0. Padding scores become the
-    dtype's lowest finite value (not -inf, which float16 would give -1e9), so a row of
-    padding only has a finite softmax, then zeroed by the mask, rather than NaN."""
+    dtype's lowest finite value, as NVIDIA's (a fixed -1e9 is -inf in float16): a row of
+    padding only then has a finite softmax, zeroed by the mask, rather than NaN."""
     weights = tf.nn.softmax(tf.where(mask > 0, scores,
                                      tf.constant(scores.dtype.min, scores.dtype)))
     return weights * mask
