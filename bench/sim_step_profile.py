@@ -86,11 +86,12 @@ def pieces(model, inputs, compute_dtype):
     out = {"lookups + sparse table update": tf.function(lookup_and_update)}
     target = e["target"]
     if c.model_type == "din":
-        u = model.short_attention
-        out["attention unit over 100"] = grad_of(
+        u = layers.dot_product if c.dot else model.short_attention
+        out[f"attention ({c.item_item_interaction}) over 100"] = grad_of(
             lambda: tf.reduce_sum(layers.attention_pool(u, target, e["history"],
-                                                        e["history_mask"], compute_dtype)[0]),
-            u.trainable_variables, [target, e["history"]])
+                                                        e["history_mask"], compute_dtype,
+                                                        normalize=c.dot)[0]),
+            [] if c.dot else u.trainable_variables, [target, e["history"]])
     else:
         short, mask = e["short"], e["short_mask"]
         out["GRU over 10"] = grad_of(lambda: tf.reduce_sum(model.gru(short, mask, compute_dtype)),
@@ -108,8 +109,9 @@ def pieces(model, inputs, compute_dtype):
         long, lmask = e["long"], e["long_mask"]
         out["GSU scorer over 90 + top-k"] = grad_of(
             lambda: tf.reduce_sum(model._search(e, compute_dtype)[0]),
-            model.gsu_scorer.trainable_variables + model.long_attention.trainable_variables
-            + model.gsu_head.trainable_variables, [target, long])
+            list(v for k, v in model.dense_variables().items()
+                 if k.split("/")[0] in ("gsu_scorer", "long_attention", "gsu_head")),
+            [target, long])
     out["forward + backward (dense part)"] = grad_of(
         lambda: tf.reduce_sum(model.forward(e, compute_dtype)[0]),
         list(model.dense_variables().values()), [v for k, v in e.items() if "mask" not in k])

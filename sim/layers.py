@@ -11,11 +11,6 @@ import tensorflow as tf
 from initializers import glorot_normal
 from layers import MLP
 
-# A very negative score instead of -inf: a row whose steps are all padding still gets a
-# finite softmax (then zeroed by the mask) rather than NaN.
-MASKED_SCORE = -1e9
-
-
 def apply_mlp(mlp: MLP, x, compute_dtype):
     """The MLP on the last axis of a tensor of any rank (flattened to one matmul)."""
     leading = tf.shape(x)[:-1]
@@ -60,16 +55,27 @@ class AttentionUnit(tf.Module):
         return tf.squeeze(apply_mlp(self.rest, hidden, compute_dtype), axis=-1)
 
 
+def dot_product(query, keys, compute_dtype=None):
+    """NVIDIA's default item-item interaction: score(q, k) = q . k -> [B, S]. No variables;
+    same call as an AttentionUnit's."""
+    return tf.reduce_sum(query[:, None, :] * keys, axis=-1)
+
+
 def masked_softmax(scores, mask):
-    weights = tf.nn.softmax(tf.where(mask > 0, scores, tf.cast(MASKED_SCORE, scores.dtype)))
+    """Softmax over the valid steps; padding gets exactly 0. Padding scores become the
+    dtype's lowest finite value, as NVIDIA's (a fixed -1e9 is -inf in float16): a row of
+    padding only then has a finite softmax, zeroed by the mask, rather than NaN."""
+    weights = tf.nn.softmax(tf.where(mask > 0, scores,
+                                     tf.constant(scores.dtype.min, scores.dtype)))
     return weights * mask
 
 
-def attention_pool(unit: AttentionUnit, query, keys, mask, compute_dtype,
-                   normalize: bool = False):
-    """Weighted sum of the keys by their scores against the query. DIN keeps the raw scores
-    (the pooled norm then carries how much of the history matches); normalize=True uses a
-    masked softmax instead. Returns (pooled [B, W], weights [B, S])."""
+def attention_pool(unit, query, keys, mask, compute_dtype, normalize: bool = False):
+    """Weighted sum of the keys by their scores against the query (unit: an AttentionUnit
+    or dot_product). normalize=True: a masked softmax of the scores, as NVIDIA's
+    DINItemSequenceInteractionBlock; False: the raw scores (the activation unit as in the
+    DIN paper: the pooled norm then carries how much of the history matches).
+    Returns (pooled [B, W], weights [B, S])."""
     scores = unit(query, keys, compute_dtype)
     weights = masked_softmax(scores, mask) if normalize else scores * mask
     return tf.reduce_sum(weights[:, :, None] * keys, axis=1), weights
@@ -147,10 +153,18 @@ def auxiliary_loss(aux_mlp: MLP, states, positive_next, negative_next, mask, com
     return tf.reduce_sum(pair_loss * pair_mask, axis=1) / tf.maximum(pairs, 1.0)
 
 
-def top_k_selection(scores, mask, k: int):
-    """Indices [B, k] of the k best-scored behaviours of each row (ties: earlier position
-    first) and their mask: padding is chosen only when a row has fewer than k behaviours,
-    and then stays masked."""
-    masked = tf.where(mask > 0, tf.cast(scores, tf.float32), float("-inf"))
-    _, indices = tf.math.top_k(masked, k=k, sorted=True)
-    return indices, tf.gather(mask, indices, batch_dims=1)
+def top_k_selection(weights, k: int):
+    """The GSU's selection as NVIDIA's SIM makes it: indices [B, k] of the k largest
+    attention weights of each row (a masked softmax, 0 at padding; ties: earlier position
+    first) and their mask, 1 where the weight is > 0: padding (or a behaviour whose weight
+    underflowed to 0) is chosen only when fewer than k weights are positive, and stays
+    masked."""
+    values, indices = tf.math.top_k(tf.cast(weights, tf.float32), k=k, sorted=True)
+    return indices, tf.cast(values > 0, weights.dtype)
+
+
+def masked_mean_plus_one(sequence, mask):
+    """NVIDIA's SIM's mean of the selection: the masked sum over (valid steps + 1), so a row
+    with no valid step gives 0."""
+    total = tf.reduce_sum(sequence * mask[:, :, None], axis=1)
+    return total / (tf.reduce_sum(mask, axis=1, keepdims=True) + 1)

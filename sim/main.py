@@ -55,7 +55,11 @@ flags.DEFINE_integer("train_dataset_size", 0, "Train on the first batches coveri
 flags.DEFINE_integer("long_seq_length", 90, "Older behaviours in the long part (SIM)",
                      lower_bound=1)
 flags.DEFINE_integer("embedding_dim", 16, "Width of every embedding table", lower_bound=1)
-flags.DEFINE_list("stage_one_mlp_dims", ["200"], "GSU scorer and GSU head widths")
+flags.DEFINE_enum("item_item_interaction", "dot", ["dot", "activation_unit"],
+                  "Attention scores of DIN, SIM's GSU and ESU: dot (NVIDIA's: target . "
+                  "behaviour) or activation_unit (this toolkit's earlier MLP scorer)")
+flags.DEFINE_list("stage_one_mlp_dims", ["200"], "GSU head widths (and the GSU scorer's with "
+                  "--item_item_interaction activation_unit)")
 flags.DEFINE_list("stage_two_mlp_dims", ["200", "80"], "Final MLP widths (then 1 logit)")
 flags.DEFINE_list("aux_mlp_dims", ["100", "50"], "DIEN auxiliary network widths")
 flags.DEFINE_integer("gsu_top_k", 20, "Long behaviours the GSU selects for the ESU", lower_bound=1)
@@ -105,7 +109,8 @@ def build(spec, comm):
                        stage_one_mlp_dims=_ints(F.stage_one_mlp_dims),
                        stage_two_mlp_dims=_ints(F.stage_two_mlp_dims),
                        aux_mlp_dims=_ints(F.aux_mlp_dims), gsu_top_k=F.gsu_top_k,
-                       dropout_rate=F.dropout_rate, seed=F.seed)
+                       dropout_rate=F.dropout_rate, seed=F.seed,
+                       item_item_interaction=F.item_item_interaction)
     optimizer = "adam" if F.optimizer == "lazy_adam" else F.optimizer
     trainer = SimTrainer(SimModel(config), comm, optimizer, F.lr, F.weight_decay, F.amp,
                          F.xla, F.seed)

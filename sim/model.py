@@ -8,10 +8,18 @@ part, as in the reference. Each model reads what the reference's does:
   DIN:  attention of the target over the whole history (long + short, masked).
   DIEN: GRU + AUGRU over the short part (auxiliary loss from the negative history).
   SIM:  DIEN over the short part, plus a search over the long part:
-        GSU (soft search): every long behaviour is scored against the target by an MLP; the
+        GSU (soft search): every long behaviour is scored against the target; the masked
         softmax of the scores pools the long part into a vector with its own logit and loss
-        (the GSU head); the gsu_top_k best-scored behaviours are the selection.
-        ESU: DIN attention of the target over the selection.
+        (the GSU head, of widths stage_one_mlp_dims); the gsu_top_k largest weights are the
+        selection.
+        ESU: attention of the target over the selection, plus the selection's masked mean.
+
+item_item_interaction picks the attention scores of DIN, the GSU and the ESU, as the
+reference's DINModel argument of that name:
+  dot (default, the reference's): score = target . behaviour, masked softmax weights.
+  activation_unit: this toolkit's earlier scoring, an MLP on [q, k, q-k, q*k] (AttentionUnit;
+        DIN pools with the raw scores, the GSU scorer has stage_one_mlp_dims widths, the ESU
+        has no masked mean), kept for its checkpoints and results.
 
 An item (target or behaviour) is the concatenation of its features' embeddings (item id,
 category id, ...); feature i of the target and of both histories shares table i, of
@@ -27,6 +35,7 @@ from layers import MLP, table_variable
 from sim import layers
 
 MODEL_TYPES = ("sim", "dien", "din")
+INTERACTIONS = ("dot", "activation_unit")
 
 
 class SimConfigError(ValueError):
@@ -48,6 +57,11 @@ class SimConfig:
     gsu_top_k: int = 20
     dropout_rate: float = -1.0
     seed: int = 0
+    item_item_interaction: str = "dot"
+
+    @property
+    def dot(self) -> bool:
+        return self.item_item_interaction == "dot"
 
     @property
     def short_length(self) -> int:
@@ -57,6 +71,9 @@ class SimConfig:
         if self.model_type not in MODEL_TYPES:
             raise SimConfigError(f"--model_type must be one of {MODEL_TYPES}, found "
                                  f"'{self.model_type}'")
+        if self.item_item_interaction not in INTERACTIONS:
+            raise SimConfigError(f"--item_item_interaction must be one of {INTERACTIONS}, "
+                                 f"found '{self.item_item_interaction}'")
         if not 0 < self.long_seq_length < self.history_length:
             raise SimConfigError(f"--long_seq_length must be in [1, {self.history_length - 1}] "
                                  f"(history length {self.history_length} in the feature spec), "
@@ -85,10 +102,11 @@ class SimModel(tf.Module):
                                 for t, n in enumerate(c.user_cardinalities)]
             self.item_tables = [self._table(n + 1, 100 + t, f"item_table_{t}")
                                 for t, n in enumerate(c.item_cardinalities)]
-            # DIEN/SIM: over the short part; DIN: over the whole history (name kept for
-            # checkpoints)
-            self.short_attention = layers.AttentionUnit(item_width, c.attention_mlp_dims, seed,
-                                                        1000, "short_attention")
+            if self._short_attention():
+                # DIEN/SIM: over the short part; DIN: over the whole history (name kept for
+                # checkpoints)
+                self.short_attention = layers.AttentionUnit(item_width, c.attention_mlp_dims,
+                                                            seed, 1000, "short_attention")
             if c.model_type != "din":
                 self.gru = layers.GRU(item_width, item_width, seed, 1100, "interest_extractor")
                 self.augru = layers.GRU(item_width, item_width, seed, 1200,
@@ -96,18 +114,26 @@ class SimModel(tf.Module):
                 self.aux_mlp = MLP(2 * item_width, tuple(c.aux_mlp_dims) + (1,), False, seed,
                                    1300, "aux_mlp")
             user_width = dim * len(c.user_cardinalities)
-            if c.model_type == "sim":
+            if c.model_type == "sim" and not c.dot:
                 self.gsu_scorer = layers.AttentionUnit(item_width, c.stage_one_mlp_dims, seed,
                                                        1400, "gsu_scorer")
+                self.long_attention = layers.AttentionUnit(item_width, c.attention_mlp_dims,
+                                                           seed, 1600, "long_attention")
+            if c.model_type == "sim":
                 self.gsu_head = MLP(user_width + 3 * item_width,
                                     tuple(c.stage_one_mlp_dims) + (1,), False, seed, 1500,
                                     "gsu_head")
-                self.long_attention = layers.AttentionUnit(item_width, c.attention_mlp_dims,
-                                                           seed, 1600, "long_attention")
             pooled = {"din": 1, "dien": 1, "sim": 2}[c.model_type]
-            self.top_mlp = MLP(user_width + item_width + 2 * pooled * item_width,
+            selection_mean = c.model_type == "sim" and c.dot
+            self.top_mlp = MLP(user_width + item_width + (2 * pooled + selection_mean)
+                               * item_width,
                                tuple(c.stage_two_mlp_dims) + (1,), False, seed, 1700,
                                "stage_two_mlp")
+
+    def _short_attention(self) -> bool:
+        """DIEN/SIM's attention over the short part is always the MLP (as the reference's
+        DIENAttentionUnit); DIN's is one only with activation_unit."""
+        return self.config.model_type != "din" or not self.config.dot
 
     def _table(self, rows: int, key: int, name: str):
         return table_variable(rows, self.config.embedding_dim, self.config.seed, key, name=name)
@@ -120,15 +146,17 @@ class SimModel(tf.Module):
     def dense_variables(self) -> dict:
         """Every non-table variable by checkpoint name."""
         c = self.config
-        out = self.short_attention.named_variables("short_attention")
+        out = (self.short_attention.named_variables("short_attention")
+               if self._short_attention() else {})
         if c.model_type != "din":
             out.update(self.gru.named_variables("interest_extractor"))
             out.update(self.augru.named_variables("interest_evolution"))
             out.update(self.aux_mlp.named_variables("aux_mlp"))
-        if c.model_type == "sim":
+        if c.model_type == "sim" and not c.dot:
             out.update(self.gsu_scorer.named_variables("gsu_scorer"))
-            out.update(self.gsu_head.named_variables("gsu_head"))
             out.update(self.long_attention.named_variables("long_attention"))
+        if c.model_type == "sim":
+            out.update(self.gsu_head.named_variables("gsu_head"))
         out.update(self.top_mlp.named_variables("stage_two_mlp"))
         return out
 
@@ -193,18 +221,20 @@ class SimModel(tf.Module):
         c = self.config
         e = {k: tf.cast(v, compute_dtype) for k, v in embedded.items()}
         user, target = e["user"], e["target"]
-        pooled, gsu_logit, aux = [], None, None
+        pooled, extra, gsu_logit, aux = [], [], None, None
         if c.model_type == "din":
-            history, _ = layers.attention_pool(self.short_attention, target, e["history"],
-                                               e["history_mask"], compute_dtype)
+            unit = layers.dot_product if c.dot else self.short_attention
+            history, _ = layers.attention_pool(unit, target, e["history"], e["history_mask"],
+                                               compute_dtype, normalize=c.dot)
             pooled.append(history)
         else:
             interest, aux = self._dien(e, compute_dtype)
             pooled.append(interest)
         if c.model_type == "sim":
-            long_pooled, gsu_logit = self._search(e, compute_dtype)
+            long_pooled, selection_mean, gsu_logit = self._search(e, compute_dtype)
             pooled.append(long_pooled)
-        features = [user, target] + pooled + [target * p for p in pooled]
+            extra = [selection_mean] if c.dot else []
+        features = [user, target] + pooled + [target * p for p in pooled] + extra
         x = tf.concat(features, axis=-1)
         if dropout_seed is not None and c.dropout_rate > 0:
             x = tf.nn.experimental.stateless_dropout(x, c.dropout_rate, dropout_seed)
@@ -221,15 +251,18 @@ class SimModel(tf.Module):
         return evolved[:, -1], aux
 
     def _search(self, e, compute_dtype):
+        """-> (ESU's pooled selection, the selection's masked mean, GSU logit)."""
+        c = self.config
         target, long, mask = e["target"], e["long"], e["long_mask"]
-        scores = self.gsu_scorer(target, long, compute_dtype)
-        weights = layers.masked_softmax(scores, mask)
-        gsu_pooled = tf.reduce_sum(weights[:, :, None] * long, axis=1)
+        gsu_pooled, weights = layers.attention_pool(
+            layers.dot_product if c.dot else self.gsu_scorer, target, long, mask,
+            compute_dtype, normalize=True)
         head_in = tf.concat([e["user"], target, gsu_pooled, target * gsu_pooled], -1)
         gsu_logit = tf.cast(tf.squeeze(self.gsu_head(head_in, compute_dtype), -1), tf.float32)
-        k = min(self.config.gsu_top_k, self.config.long_seq_length)
-        indices, selected_mask = layers.top_k_selection(tf.stop_gradient(scores), mask, k)
+        k = min(c.gsu_top_k, c.long_seq_length)
+        indices, selected_mask = layers.top_k_selection(tf.stop_gradient(weights), k)
         selected = tf.gather(long, indices, batch_dims=1)
-        esu, _ = layers.attention_pool(self.long_attention, target, selected, selected_mask,
-                                       compute_dtype)
-        return esu, gsu_logit
+        esu, _ = layers.attention_pool(layers.dot_product if c.dot else self.long_attention,
+                                       target, selected, selected_mask, compute_dtype,
+                                       normalize=c.dot)
+        return esu, layers.masked_mean_plus_one(selected, selected_mask), gsu_logit

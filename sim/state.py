@@ -10,9 +10,12 @@ from training.state import arrays, with_slots
 
 
 def _shape(config) -> dict:
+    """The fields that decide the variables; DIEN's attention does not depend on
+    item_item_interaction."""
+    ignored = ("seed", "dropout_rate") + (("item_item_interaction",)
+                                          if config.model_type == "dien" else ())
     return {k: (list(v) if isinstance(v, tuple) else v)
-            for k, v in dataclasses.asdict(config).items()
-            if k not in ("seed", "dropout_rate")}
+            for k, v in dataclasses.asdict(config).items() if k not in ignored}
 
 
 def _with_slots(trainer) -> dict:
@@ -33,8 +36,10 @@ def restore(path: str, trainer) -> dict:
     """Load every variable (and slots of the same optimizer); return the saved position."""
     saved, meta = load_arrays(path)
     expected = _shape(trainer.model.config)
-    odd = [f"{k}: checkpoint {meta['model'].get(k)}, now {v}" for k, v in expected.items()
-           if meta["model"].get(k) != v]
+    # Checkpoints from before the field scored with the activation unit.
+    found = {"item_item_interaction": "activation_unit", **meta["model"]}
+    odd = [f"{k}: checkpoint {found.get(k)}, now {v}" for k, v in expected.items()
+           if found.get(k) != v]
     if odd:
         raise CheckpointError(f"checkpoint {path} is another model: {'; '.join(odd)}")
     variables = dict(trainer.variables())

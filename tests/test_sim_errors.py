@@ -89,3 +89,20 @@ def test_nan_loss_is_one_line_error(dataset, tmp_path, capsys):
     line = one_line_error(capsys, ["--dataset_dir", dataset, "--results_dir", str(tmp_path),
                                    "--lr", "1e30"])
     assert line.startswith("error: loss became") and "--lr" in line
+
+
+def test_checkpoint_of_the_other_item_item_interaction(dataset, tmp_path, capsys):
+    """A SIM checkpoint saved with the MLP activation unit is not loaded into the default
+    dot-product model: one line naming the field. A DIEN one (same variables) loads."""
+    small = ["--dataset_dir", dataset, "--stage_one_mlp_dims", "8", "--stage_two_mlp_dims",
+             "8", "--aux_mlp_dims", "8"]
+    run = ["--cpu", "--epochs", "1", "--global_batch_size", "32"] + small
+    for model_type in ("sim", "dien"):
+        run_main(run + ["--model_type", model_type, "--results_dir", str(tmp_path / "a"),
+                        "--item_item_interaction", "activation_unit",
+                        "--save_checkpoint_path", str(tmp_path / model_type)])
+    line = one_line_error(capsys, small + ["--results_dir", str(tmp_path / "b"),
+                                           "--load_checkpoint_path", str(tmp_path / "sim")])
+    assert "item_item_interaction: checkpoint activation_unit, now dot" in line, line
+    run_main(run + ["--model_type", "dien", "--results_dir", str(tmp_path / "c"),
+                    "--load_checkpoint_path", str(tmp_path / "dien"), "--epochs", "2"])

@@ -126,6 +126,41 @@ def test_auxiliary_loss_matches_numpy():
     assert got[2] == 0  # one behaviour: no pair
 
 
+def np_masked_softmax(scores, mask):
+    """NVIDIA's masking: softmax over the valid steps only (padding weight 0)."""
+    weights = np.zeros_like(scores)
+    for b in range(len(scores)):
+        valid = mask[b] > 0
+        if valid.any():
+            e = np.exp(scores[b, valid] - scores[b, valid].max())
+            weights[b, valid] = e / e.sum()
+    return weights
+
+
+def test_dot_attention_pool_is_a_masked_softmax_of_dot_products(data):
+    q, keys, mask = data
+    pooled, weights = layers.attention_pool(layers.dot_product, q, keys, mask, F32,
+                                            normalize=True)
+    dots = np.array([[q[b] @ k for k in keys[b]] for b in range(len(q))])
+    expected_w = np_masked_softmax(dots, mask)
+    np.testing.assert_allclose(weights.numpy(), expected_w, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(pooled.numpy(), (expected_w[:, :, None] * keys).sum(1),
+                               rtol=1e-5, atol=1e-6)
+    assert np.all(pooled.numpy()[2] == 0)  # a row of padding only pools to zero
+    # float16 (GPU --amp): a row of padding only must not give NaN.
+    _, half = layers.attention_pool(layers.dot_product, tf.constant(q, tf.float16),
+                                    tf.constant(keys, tf.float16), tf.constant(mask, tf.float16),
+                                    tf.float16, normalize=True)
+    np.testing.assert_allclose(half.numpy().astype(np.float32), expected_w, atol=2e-3)
+
+
+def np_top_k(weights, k):
+    """NVIDIA's GSU selection: the k largest weights (ties: lower position first), kept
+    where the weight is > 0."""
+    order = np.argsort(-weights, axis=1, kind="stable")[:, :k]
+    return order, (np.take_along_axis(weights, order, 1) > 0).astype(np.float32)
+
+
 def test_top_k_selection_matches_numpy():
     rng = np.random.default_rng(6)
     scores = rng.integers(0, 4, (5, 9)).astype(np.float32)  # many ties
@@ -133,11 +168,48 @@ def test_top_k_selection_matches_numpy():
     mask[0] = 0
     mask[1, :2] = 1
     mask[1, 2:] = 0
+    weights = np_masked_softmax(scores, mask).astype(np.float32)
     k = 4
-    indices, selected_mask = layers.top_k_selection(scores, mask, k)
-    for b in range(5):
-        valid = np.flatnonzero(mask[b])
-        ranked = valid[np.argsort(-scores[b, valid], kind="stable")][:k]
-        n = len(ranked)
-        assert list(indices.numpy()[b, :n]) == list(ranked)
-        assert list(selected_mask.numpy()[b]) == [1] * n + [0] * (k - n)
+    indices, selected_mask = layers.top_k_selection(tf.constant(weights), k)
+    expected_indices, expected_mask = np_top_k(weights, k)
+    valid = expected_mask > 0  # where the weights are 0 any order is the reference's
+    np.testing.assert_array_equal(np.where(valid, indices.numpy(), -1),
+                                  np.where(valid, expected_indices, -1))
+    np.testing.assert_array_equal(selected_mask.numpy(), expected_mask)
+    assert selected_mask.numpy()[1].tolist() == [1, 1, 0, 0]  # 2 behaviours < k
+
+
+def test_masked_mean_plus_one_matches_numpy(data):
+    _, keys, mask = data
+    got = layers.masked_mean_plus_one(keys, mask).numpy()
+    expected = (keys * mask[:, :, None]).sum(1) / (mask.sum(1) + 1)[:, None]
+    np.testing.assert_allclose(got, expected, rtol=1e-6)
+
+
+def test_sim_search_with_dot_scoring_matches_numpy():
+    """SIM's long branch end to end against numpy: GSU = masked softmax of target . behaviour
+    pooling the long part; the top-k weights (> 0) select; ESU = masked softmax of dot
+    products over the selection, plus its masked mean."""
+    from sim.model import SimConfig, SimModel
+    rng = np.random.default_rng(8)
+    B, L, W, k = 4, 7, 6, 3
+    model = SimModel(SimConfig((3,), (5, 5, 5), L + 2, long_seq_length=L, embedding_dim=2,
+                               gsu_top_k=k, stage_one_mlp_dims=(4,)))
+    target = rng.standard_normal((B, W)).astype(np.float32)
+    long = rng.standard_normal((B, L, W)).astype(np.float32)
+    mask = np.ones((B, L), np.float32)
+    mask[1, :5] = 0  # 2 behaviours < k
+    mask[2] = 0
+    mask[3, :2] = 0
+    e = {"user": tf.zeros((B, 2)), "target": tf.constant(target), "long": tf.constant(long),
+         "long_mask": tf.constant(mask)}
+    esu, mean, _ = model._search(e, F32)
+    gsu = np_masked_softmax(np.einsum("bw,blw->bl", target, long), mask)
+    order, sel_mask = np_top_k(gsu, k)
+    selected = np.take_along_axis(long, order[:, :, None], 1)
+    att = np_masked_softmax(np.einsum("bw,bkw->bk", target, selected), sel_mask)
+    np.testing.assert_allclose(esu.numpy(), (att[:, :, None] * selected).sum(1),
+                               rtol=1e-5, atol=1e-6)
+    expected_mean = (selected * sel_mask[:, :, None]).sum(1) / (sel_mask.sum(1) + 1)[:, None]
+    np.testing.assert_allclose(mean.numpy(), expected_mean, rtol=1e-5, atol=1e-6)
+    assert not hasattr(model, "gsu_scorer")  # stage_one_mlp_dims: the GSU head's only
