@@ -62,7 +62,8 @@ flags.DEFINE_list("stage_one_mlp_dims", ["200"], "GSU head widths (and the GSU s
                   "--item_item_interaction activation_unit)")
 flags.DEFINE_list("stage_two_mlp_dims", ["200", "80"], "Final MLP widths (then 1 logit)")
 flags.DEFINE_list("aux_mlp_dims", ["100", "50"], "DIEN auxiliary network widths")
-flags.DEFINE_integer("gsu_top_k", 20, "Long behaviours the GSU selects for the ESU", lower_bound=1)
+flags.DEFINE_integer("gsu_top_k", 50, "Long behaviours the GSU selects for the ESU (the "
+                     "reference's hard-coded k)", lower_bound=1)
 flags.DEFINE_string("results_dir", "results", "Directory of the log and curves")
 flags.DEFINE_string("log_filename", "log.json", "DLLogger log, in --results_dir")
 flags.DEFINE_string("save_checkpoint_path", None, "Save a checkpoint here after training")

@@ -54,7 +54,7 @@ class SimConfig:
     stage_two_mlp_dims: tuple = (200, 80)
     aux_mlp_dims: tuple = (100, 50)
     attention_mlp_dims: tuple = (80, 40)
-    gsu_top_k: int = 20
+    gsu_top_k: int = 50  # the reference's hard-coded k
     dropout_rate: float = -1.0
     seed: int = 0
     item_item_interaction: str = "dot"
