@@ -233,8 +233,10 @@ def main():
         return
     results = {}
     for round_ in range(args.rounds):
+        # the order rotates each round: no variant always runs first (after a quiet spell)
+        order = chosen[round_ % len(chosen):] + chosen[:round_ % len(chosen)]
         for batch_size in (int(b) for b in args.batch_sizes.split(",")):
-            for name in chosen:
+            for name in order:
                 value = run_worker(name, batch_size, args.steps)
                 results.setdefault((name, batch_size), []).append(value)
                 print(f"  round {round_ + 1} {name:18s} batch {batch_size:6d}: "
