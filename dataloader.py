@@ -174,13 +174,28 @@ class DictPipeline:
 
 class MappedPipeline:
     """A pipeline whose batches pass through `fn` as they are read (a family's step batch
-    from a DictPipeline element); tf.data would turn the lists in fn's result into tensors."""
+    from a DictPipeline element); tf.data would turn the lists in fn's result into tensors.
+    cache=True keeps every step batch in memory once read: later epochs hand out the same
+    tensors in the epoch's order, without tf.data's per-batch work (on a 2-core machine
+    about a tenth of a small model's step)."""
 
-    def __init__(self, pipe, fn):
+    def __init__(self, pipe, fn, cache: bool = False):
         self.pipe, self.fn = pipe, fn
+        self._cache = {} if cache else None
 
     def __len__(self):
         return len(self.pipe)
 
     def epoch(self, epoch: int = 0, start_batch: int = 0):
-        return map(self.fn, self.pipe.epoch(epoch, start_batch))
+        if self._cache is None:
+            return map(self.fn, self.pipe.epoch(epoch, start_batch))
+        order = [int(i) for i in self.pipe.reader.batch_order(epoch)[start_batch:]]
+        missing = [i for i in order if i not in self._cache]
+        return self._in_order(order, iter(self.pipe.dataset(missing)) if missing else None)
+
+    def _in_order(self, order, missing_batches):
+        """The cached batches, and the missing ones read (in the same order) as they come."""
+        for index in order:
+            if index not in self._cache:
+                self._cache[index] = self.fn(next(missing_batches))
+            yield self._cache[index]

@@ -19,7 +19,7 @@ class SGD:
         tf.raw_ops.ResourceApplyGradientDescent(var=var.handle, alpha=tf.cast(lr, var.dtype),
                                                 delta=grad)
 
-    def apply_sparse(self, var, grad: tf.IndexedSlices, lr):
+    def apply_sparse(self, var, grad: tf.IndexedSlices, lr, distinct_rows=False):
         # ResourceScatterSub adds duplicate indices' contributions: exactly the summed gradient.
         var.scatter_sub(tf.IndexedSlices(lr * grad.values, grad.indices, grad.dense_shape))
 
@@ -29,7 +29,10 @@ class SGD:
 
 class Adam:
     """Adam for dense variables; lazy Adam for tables (moments of a row are updated only when
-    the row appears in the batch, as in LazyAdam)."""
+    the row appears in the batch, as in LazyAdam).
+
+    apply_sparse(..., distinct_rows=True): the gradient holds each row once (a lookup that
+    deduplicated its ids), so the rows are not sorted and summed again."""
 
     slot_names = ("m", "v")
 
@@ -58,21 +61,31 @@ class Adam:
         return lr * tf.sqrt(1 - self.beta_2 ** t) / (1 - self.beta_1 ** t)
 
     def apply_dense(self, var, grad, lr):
+        # one in-place kernel for the moments and the variable; the same arithmetic as the
+        # sparse rows below (bias-corrected rate, epsilon added to sqrt(v))
         m, v = self._by_ref[var.ref()]
-        m.assign(self.beta_1 * m + (1 - self.beta_1) * grad)
-        v.assign(self.beta_2 * v + (1 - self.beta_2) * tf.square(grad))
-        var.assign_sub(self._corrected_lr(lr) * m / (tf.sqrt(v) + self.epsilon))
+        t = tf.cast(self.iterations + 1, var.dtype)
+        constant = lambda x: tf.constant(x, var.dtype)  # noqa: E731
+        tf.raw_ops.ResourceApplyAdam(
+            var=var.handle, m=m.handle, v=v.handle, beta1_power=constant(self.beta_1) ** t,
+            beta2_power=constant(self.beta_2) ** t, lr=tf.cast(lr, var.dtype),
+            beta1=constant(self.beta_1), beta2=constant(self.beta_2),
+            epsilon=constant(self.epsilon), grad=grad)
 
-    def apply_sparse(self, var, grad: tf.IndexedSlices, lr):
+    def _summed_rows(self, grad: tf.IndexedSlices):
+        return _unique_rows(grad)
+
+    def _row_step(self, var, rows, m_rows, v_rows, lr):
+        return self._corrected_lr(lr) * m_rows / (tf.sqrt(v_rows) + self.epsilon)
+
+    def apply_sparse(self, var, grad: tf.IndexedSlices, lr, distinct_rows=False):
         m, v = self._by_ref[var.ref()]
-        rows, position = tf.unique(grad.indices)
-        g = tf.math.unsorted_segment_sum(grad.values, position, tf.shape(rows)[0])
+        rows, g = (grad.indices, grad.values) if distinct_rows else self._summed_rows(grad)
         m_rows = self.beta_1 * tf.gather(m, rows) + (1 - self.beta_1) * g
         v_rows = self.beta_2 * tf.gather(v, rows) + (1 - self.beta_2) * tf.square(g)
         m.scatter_update(tf.IndexedSlices(m_rows, rows))
         v.scatter_update(tf.IndexedSlices(v_rows, rows))
-        step = self._corrected_lr(lr) * m_rows / (tf.sqrt(v_rows) + self.epsilon)
-        var.scatter_sub(tf.IndexedSlices(step, rows))
+        var.scatter_sub(tf.IndexedSlices(self._row_step(var, rows, m_rows, v_rows, lr), rows))
 
     def finish_step(self):
         self.iterations.assign_add(1)
@@ -93,20 +106,16 @@ class AdamW(Adam):
             var.assign_sub(lr * self.weight_decay * var)
         super().apply_dense(var, grad, lr)
 
-    def apply_sparse(self, var, grad: tf.IndexedSlices, lr):
-        m, v = self._by_ref[var.ref()]
+    def _summed_rows(self, grad: tf.IndexedSlices):
         order = tf.argsort(grad.indices, stable=True)
-        indices = tf.gather(grad.indices, order)
-        rows, position = tf.unique(indices)
-        g = tf.math.segment_sum(tf.gather(grad.values, order), position)
-        m_rows = self.beta_1 * tf.gather(m, rows) + (1 - self.beta_1) * g
-        v_rows = self.beta_2 * tf.gather(v, rows) + (1 - self.beta_2) * tf.square(g)
-        m.scatter_update(tf.IndexedSlices(m_rows, rows))
-        v.scatter_update(tf.IndexedSlices(v_rows, rows))
-        step = self._corrected_lr(lr) * m_rows / (tf.sqrt(v_rows) + self.epsilon)
+        rows, position = tf.unique(tf.gather(grad.indices, order))
+        return rows, tf.math.segment_sum(tf.gather(grad.values, order), position)
+
+    def _row_step(self, var, rows, m_rows, v_rows, lr):
+        step = super()._row_step(var, rows, m_rows, v_rows, lr)
         if self.weight_decay:
             step += lr * self.weight_decay * tf.gather(var, rows)
-        var.scatter_sub(tf.IndexedSlices(step, rows))
+        return step
 
 
 def make_optimizer(name: str, variables: dict):
@@ -162,9 +171,9 @@ class FTRL:
         s["linear"].assign(new_linear)
         var.assign(new_var)
 
-    def apply_sparse(self, var, grad: tf.IndexedSlices, lr):
+    def apply_sparse(self, var, grad: tf.IndexedSlices, lr, distinct_rows=False):
         s = self._by_ref[var.ref()]
-        rows, g = _unique_rows(grad)
+        rows, g = (grad.indices, grad.values) if distinct_rows else _unique_rows(grad)
         new_var, new_acc, new_linear = self._rows(
             tf.gather(var, rows), tf.gather(s["accumulator"], rows),
             tf.gather(s["linear"], rows), g, lr)
@@ -203,9 +212,9 @@ class RMSProp:
         ms.assign(new_ms)
         var.assign_sub(step)
 
-    def apply_sparse(self, var, grad: tf.IndexedSlices, lr):
+    def apply_sparse(self, var, grad: tf.IndexedSlices, lr, distinct_rows=False):
         ms = self._by_ref[var.ref()]
-        rows, g = _unique_rows(grad)
+        rows, g = (grad.indices, grad.values) if distinct_rows else _unique_rows(grad)
         new_ms, step = self._step(tf.gather(ms, rows), g, lr)
         ms.scatter_update(tf.IndexedSlices(new_ms, rows))
         var.scatter_sub(tf.IndexedSlices(step, rows))

@@ -36,13 +36,11 @@ class SimBatches:
     """A ColumnarReader whose batches follow NVIDIA's SIM convention: every history [b, D]
     left-padded with 0, most recent last (rows stored shorter than D, left-aligned, are
     moved right). Ids are range-checked by the core reader (SIM contract: 0 padding,
-    1..cardinality). cache: keep every batch read in memory, so later epochs skip parsing
-    (NVIDIA's loader caches its parsed dataset the same way unless --disable_cache)."""
+    1..cardinality)."""
 
-    def __init__(self, reader, spec: FeatureSpec, cache: bool = False):
+    def __init__(self, reader, spec: FeatureSpec):
         self._reader, self.spec = reader, spec
         self.histories = spec.channel(POSITIVE_CHANNEL) + spec.channel(NEGATIVE_CHANNEL)
-        self._cache = {} if cache else None
 
     def __getattr__(self, name):  # the rest of the reader's interface
         return getattr(self._reader, name)
@@ -51,13 +49,6 @@ class SimBatches:
         return len(self._reader)
 
     def get(self, index: int) -> dict:
-        if self._cache is not None:
-            if index not in self._cache:  # tf.data's threads may both read it: harmless
-                self._cache[index] = self._read(index)
-            return self._cache[index]
-        return self._read(index)
-
-    def _read(self, index: int) -> dict:
         batch = self._reader.get(index)
         for name in self.histories:
             lengths = batch.pop(length_key(name))
@@ -67,17 +58,16 @@ class SimBatches:
 
 
 def open_mapping(spec: FeatureSpec, mapping: str, batch_size: int, comm, drop_last=False,
-                 prebatch=None, cache=False) -> SimBatches:
+                 prebatch=None) -> SimBatches:
     """This rank's reader of a mapping; an empty mapping is an error naming it. prebatch:
-    rows per TFRecord record (--prebatch_*_size; 0/None: the spec's, else detected);
-    cache: batches kept in memory after their first read."""
+    rows per TFRecord record (--prebatch_*_size; 0/None: the spec's, else detected)."""
     from datasets import open_reader
     reader = open_reader(spec, mapping, batch_size, rank=comm.rank, world_size=comm.size,
                          drop_last=drop_last, prebatch=prebatch or None)
     if reader.num_rows == 0 or len(reader) == 0:
         raise SimDataError(f"the '{mapping}' data of {spec.base_directory} has "
                            f"{reader.num_rows} rows, fewer than one batch of {batch_size}")
-    return SimBatches(reader, spec, cache)
+    return SimBatches(reader, spec)
 
 
 def model_inputs(spec: FeatureSpec, batch: dict) -> dict:

@@ -76,9 +76,38 @@ def attention_pool(unit, query, keys, mask, compute_dtype, normalize: bool = Fal
     DINItemSequenceInteractionBlock; False: the raw scores (the activation unit as in the
     DIN paper: the pooled norm then carries how much of the history matches).
     Returns (pooled [B, W], weights [B, S])."""
+    if unit is dot_product and normalize:
+        return dot_attention_pool(query, keys, mask)
     scores = unit(query, keys, compute_dtype)
     weights = masked_softmax(scores, mask) if normalize else scores * mask
     return tf.reduce_sum(weights[:, :, None] * keys, axis=1), weights
+
+
+def dot_attention_pool(query, keys, mask):
+    """The dot product's masked-softmax pool as batched matmuls, its gradient written by hand:
+    autodiff of the broadcast products makes [B, S, W] temporaries for every product and its
+    reduction (about 1.8x the time at batch 256, 2.8x at 4096 on CPU). With w the weights,
+    g the upstream gradient of the pooled vector and h that of the weights:
+        d_scores = w * (k g + h - sum(w * (k g + h)))   (softmax; 0 at padding, as w)
+        d_query = d_scores k,   d_keys = d_scores q^T + w g^T  (one matmul of rank 2)."""
+
+    @tf.custom_gradient
+    def pool(query, keys):
+        scores = tf.squeeze(tf.matmul(keys, query[:, :, None]), -1)
+        weights = masked_softmax(scores, mask)
+        pooled = tf.squeeze(tf.matmul(weights[:, None, :], keys), 1)
+
+        def grad(d_pooled, d_weights):
+            d_w = tf.squeeze(tf.matmul(keys, d_pooled[:, :, None]), -1)
+            if d_weights is not None:
+                d_w += d_weights
+            d_scores = weights * (d_w - tf.reduce_sum(weights * d_w, -1, keepdims=True))
+            d_query = tf.squeeze(tf.matmul(d_scores[:, None, :], keys), 1)
+            d_keys = tf.matmul(tf.stack([d_scores, weights], -1),
+                               tf.stack([query, d_pooled], 1))
+            return d_query, d_keys
+        return (pooled, weights), grad
+    return pool(query, keys)
 
 
 class GRU(tf.Module):

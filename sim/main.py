@@ -132,7 +132,7 @@ def pipelines(spec, comm):
     from sim.data import open_mapping
     from sim.trainer import step_batch
     train = open_mapping(spec, "train", F.global_batch_size, comm, F.drop_remainder,
-                         F.prebatch_train_size, cache=not F.disable_cache)
+                         F.prebatch_train_size)
     test = open_mapping(spec, "test", F.global_batch_size, comm,
                         prebatch=F.prebatch_test_size)
     labels, parallel = (spec.label_feature,), F.num_parallel_calls or tf.data.AUTOTUNE
@@ -140,7 +140,8 @@ def pipelines(spec, comm):
     if not F.disable_cache:
         test = test.cache()
     train = DictPipeline(train, labels, F.prefetch_train_size, parallel)
-    return (MappedPipeline(train, lambda batch: step_batch(spec, batch)),
+    return (MappedPipeline(train, lambda batch: step_batch(spec, batch),
+                           cache=not F.disable_cache),
             lambda: (step_batch(spec, batch) for batch in test))
 
 

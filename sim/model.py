@@ -194,7 +194,7 @@ class SimModel(tf.Module):
         positive feature) that forward() reads; only the parts this model type uses."""
         c = self.config
         mask = tf.cast(inputs["positive"][0] > 0, tf.float32)
-        out = {"user": tf.concat([tf.nn.embedding_lookup(t, ids) for t, ids in
+        out = {"user": tf.concat([self._shared_lookup(t, [ids])[0] for t, ids in
                                   zip(self.user_tables, inputs["user"])], axis=-1)}
         if c.model_type == "din":
             out["target"], out["history"] = self._items(

@@ -50,7 +50,9 @@ class SimTask:
     def __init__(self, model, seed: int):
         self.model, self.seed = model, seed
         self.dense_variables = model.dense_variables()
-        self.tables = [TableGradient(n, v, True) for n, v in model.tables().items()]
+        # every lookup reads a table at the batch's distinct ids (SimModel._shared_lookup)
+        self.tables = [TableGradient(n, v, True, distinct_rows=True)
+                       for n, v in model.tables().items()]
 
     def lookup(self, batch):
         looked_up = self.model.lookup(batch[0])

@@ -154,6 +154,40 @@ def test_dot_attention_pool_is_a_masked_softmax_of_dot_products(data):
     np.testing.assert_allclose(half.numpy().astype(np.float32), expected_w, atol=2e-3)
 
 
+def test_dot_attention_pool_gradient_matches_numpy_differences(data):
+    """The hand-written gradient against central differences of a numpy forward, through
+    both outputs (the pooled vector, and the weights as the GSU's top-k would use them)."""
+    q, keys, mask = (x.astype(np.float64) for x in data)
+    rng = np.random.default_rng(5)
+    g, h = rng.standard_normal(q.shape), rng.standard_normal(mask.shape)
+
+    def np_loss(q, keys):
+        w = np_masked_softmax(np.einsum("bw,bsw->bs", q, keys), mask)
+        return np.sum((w[:, :, None] * keys).sum(1) * g) + np.sum(w * h)
+
+    def numeric(x, f, eps=1e-6):
+        out = np.zeros_like(x)
+        for i in np.ndindex(x.shape):
+            up, down = x.copy(), x.copy()
+            up[i] += eps
+            down[i] -= eps
+            out[i] = (f(up) - f(down)) / (2 * eps)
+        return out
+
+    tq, tk = tf.constant(q), tf.constant(keys)
+    with tf.GradientTape() as tape:
+        tape.watch([tq, tk])
+        pooled, weights = layers.attention_pool(layers.dot_product, tq, tk, tf.constant(mask),
+                                                tf.float64, normalize=True)
+        loss = tf.reduce_sum(pooled * g) + tf.reduce_sum(weights * h)
+    d_q, d_keys = tape.gradient(loss, [tq, tk])
+    np.testing.assert_allclose(d_q.numpy(), numeric(q, lambda x: np_loss(x, keys)),
+                               rtol=1e-6, atol=1e-8)
+    np.testing.assert_allclose(d_keys.numpy(), numeric(keys, lambda x: np_loss(q, x)),
+                               rtol=1e-6, atol=1e-8)
+    assert np.all(d_q.numpy()[2] == 0)  # a row of padding only: no gradient
+
+
 def np_top_k(weights, k):
     """NVIDIA's GSU selection: the k largest weights (ties: lower position first), kept
     where the weight is > 0."""

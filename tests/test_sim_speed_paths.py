@@ -1,7 +1,7 @@
 """The speed paths of SIM/DIN/DIEN compute what the plain ones do: the shared-table lookup
 (one gather of the distinct ids) gives the per-position gradient summed per row, checked
-against numpy; the in-memory batch cache gives the batches the reader gives, reading each
-once; the BYO parquet writer's rows come back through the parquet -> TFRecord tool."""
+against numpy; the in-memory cache of step batches gives the batches the reader gives, in
+each epoch's order, reading each once; the BYO parquet writer's rows come back through the parquet -> TFRecord tool."""
 import numpy as np
 import pytest
 
@@ -53,24 +53,29 @@ def test_shared_lookup_gradient_is_the_per_position_sum(model_type):
                                    atol=1e-6)
 
 
-def test_cached_batches_equal_read_batches_and_are_read_once(tmp_path):
+def test_cached_step_batches_equal_read_batches_and_are_read_once(tmp_path):
+    from dataloader import DictPipeline, MappedPipeline
     from distributed import make_communicator
     from sim.data import load_spec, open_mapping
     from sim.synthetic import write
     write(str(tmp_path / "d"), users=60, items=30, categories=4, history_length=95, seed=1)
     spec = load_spec(str(tmp_path / "d"), "feature_spec.yaml")
     comm = make_communicator()
-    plain = open_mapping(spec, "train", 16, comm)
-    cached = open_mapping(spec, "train", 16, comm, cache=True)
-    reads = []
-    inner = cached._reader.get
-    cached._reader.get = lambda i: reads.append(i) or inner(i)
-    for _ in range(2):  # two epochs
-        for i in range(len(plain)):
-            a, b = plain.get(i), cached.get(i)
+    plain, counted = (open_mapping(spec, "train", 16, comm) for _ in range(2))
+    for reader in (plain, counted):  # a new order every epoch: the cache must follow it
+        reader._reader.shuffle = True
+    label = (spec.label_feature,)
+    cached = MappedPipeline(DictPipeline(counted, label), dict, cache=True)
+    reads, inner = [], counted._reader.get
+    counted._reader.get = lambda i: reads.append(i) or inner(i)
+    for epoch in range(3):
+        expected = list(DictPipeline(plain, label).epoch(epoch, 1))
+        got = list(cached.epoch(epoch, 1 if epoch == 0 else 0))[-len(expected):]
+        for a, b in zip(expected, got):
             assert a.keys() == b.keys()
             for k in a:
-                np.testing.assert_array_equal(a[k], b[k])
+                np.testing.assert_array_equal(a[k].numpy(), b[k].numpy())
+    # epoch 0 started at batch 1, epoch 1 read only the batch it skipped, epoch 2 none
     assert sorted(reads) == list(range(len(plain)))
 
 

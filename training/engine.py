@@ -44,6 +44,8 @@ class TableGradient:
     key: object       # names the cross-rank sum of a replicated table (e.g. its table id)
     variable: tf.Variable
     replicated: bool  # every rank holds it: its gradient rows are summed across ranks
+    distinct_rows: bool = False  # the lookup deduplicates ids: a rank's gradient holds
+    #                              each row once (until rows are gathered across ranks)
 
 
 @dataclass(frozen=True)
@@ -164,8 +166,9 @@ class Trainer:
             self.groups[group].optimizer.apply_dense(var, grad, learning_rates[group])
         for table, grad in zip(self.trained_tables, table_grads):
             group = self._group_of[table.variable.ref()]
+            distinct = table.distinct_rows and not (table.replicated and self.comm.size > 1)
             self.groups[group].optimizer.apply_sparse(table.variable, grad,
-                                                      learning_rates[group])
+                                                      learning_rates[group], distinct)
         for group in self.groups:
             group.optimizer.finish_step()
 

@@ -165,8 +165,9 @@ class _Run:
         self.metrics, self.last_eval_step, self.last_saved_step = {}, None, None
         self.reporter = _Reporter(trainer, logger, self.total_steps, config.batch_size)
         self.timer = StepTimer(config.benchmark_warmup_steps, clock=time.perf_counter)
-        # the epoch's loss sum stays on the device; steps and rows (all ranks) on the host
-        self.loss_sum, self.epoch_steps, self.epoch_rows = 0.0, 0, 0
+        # the epoch's step losses are kept as they come (adding them would cost an op per
+        # step) and summed when an evaluation reports their mean; rows (all ranks) on the host
+        self.epoch_losses, self.epoch_rows = [], 0
 
     @property
     def benchmark(self) -> bool:
@@ -176,8 +177,9 @@ class _Run:
         self.trainer.check_finite()
         with self.trainer.comm.waiting("the evaluation (gather and broadcast)", self.step):
             metrics = self.evaluator()
-        if self.epoch_steps:
-            metrics.update(train_loss=float(self.loss_sum) / self.epoch_steps,
+        if self.epoch_losses:
+            metrics.update(train_loss=float(np.mean([np.asarray(loss, np.float64)
+                                                     for loss in self.epoch_losses])),
                            train_samples=self.epoch_rows)
         self.metrics, self.last_eval_step = metrics, self.step
         self.logger.log((self.epoch, self.step), metrics)
@@ -199,7 +201,7 @@ class _Run:
 
     def after_step(self, loss, rows: int) -> None:
         config, end_of_epoch = self.config, self.batch_in_epoch == self.steps_per_epoch
-        self.loss_sum, self.epoch_steps = self.loss_sum + loss, self.epoch_steps + 1
+        self.epoch_losses.append(loss)
         self.epoch_rows += rows
         if self.step % config.print_freq == 0 or self.step == self.total_steps:
             self.reporter.report(self.epoch, self.step, loss)
@@ -225,7 +227,7 @@ class _Run:
             if self.step >= self.total_steps:
                 return  # the epoch is not advanced here: save() derives the next position
         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
-        self.loss_sum, self.epoch_steps, self.epoch_rows = 0.0, 0, 0
+        self.epoch_losses, self.epoch_rows = [], 0
 
     def run(self) -> dict:
         config, start = self.config, time.perf_counter()
