@@ -158,6 +158,19 @@ class GRU(tf.Module):
         return tf.transpose(states, [1, 0, 2])
 
 
+def gather_rows(params, indices):
+    """tf.gather(params, indices) along axis 0, whose gradient is params' shape, dense: one
+    segment sum of the positions' gradients, where autodiff would hand a list of every
+    position's row (IndexedSlices) to the ops before it."""
+
+    @tf.custom_gradient
+    def gather(params):
+        def grad(d_out):
+            return tf.math.unsorted_segment_sum(d_out, indices, tf.shape(params)[0])
+        return tf.gather(params, indices), grad
+    return gather(params)
+
+
 def matmul_last_axis(x, kernel):
     """[B, S, D] @ [D, K] as one 2-D matmul."""
     leading = tf.shape(x)[:-1]

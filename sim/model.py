@@ -166,25 +166,35 @@ class SimModel(tf.Module):
         """ids [B, D] -> (long ids [B, L], short ids [B, D-L]) at the fixed split point."""
         return ids[:, :self.config.long_seq_length], ids[:, self.config.long_seq_length:]
 
-    def _items(self, ids_per_feature, parts: int):
-        """ids_per_feature[i]: `parts` id tensors of item feature i (target, history parts)
-        -> `parts` embedded tensors, the features' embeddings concatenated.
+    def _items(self, ids_per_feature):
+        """ids_per_feature[f]: the id tensors of item feature f (target, history parts) ->
+        one embedded tensor per part, the features' embeddings side by side."""
+        return self._shared_lookup(self.item_tables, ids_per_feature)
 
-        Each shared table is read once for all the parts, at the distinct ids of the batch:
-        its gradient then holds one row per distinct id (already summed), not one per
-        position, so the optimizer sorts and sums ~U rows instead of B * (1 + 2D)."""
-        per_feature = [self._shared_lookup(table, ids)
-                       for table, ids in zip(self.item_tables, ids_per_feature)]
-        return [tf.concat([f[p] for f in per_feature], axis=-1) for p in range(parts)]
+    def _shared_lookup(self, tables, ids_per_feature):
+        """tables[f] read at ids_per_feature[f] (id tensors shaped alike for every f) -> per
+        id tensor, [*ids.shape, F * dim]: the F features' embeddings side by side.
 
-    def _shared_lookup(self, table, id_tensors):
-        flat = tf.concat([tf.reshape(ids, [-1]) for ids in id_tensors], 0)
-        rows, position = tf.unique(flat)
-        embedded = tf.gather(tf.nn.embedding_lookup(table, rows), position)
+        Each table is read once for all its id tensors, at the batch's distinct ids: its
+        gradient then holds one row per distinct id (already summed), not one per position,
+        so the optimizer updates ~U rows without sorting and summing B * (1 + 2D). The
+        features' distinct rows are stacked and gathered once for every position and feature:
+        no concatenation of per-feature [B, D, dim] histories, one segment sum backward."""
+        dim, width = self.config.embedding_dim, len(tables) * self.config.embedding_dim
+        rows, positions, offset = [], [], 0
+        for table, id_tensors in zip(tables, ids_per_feature):
+            flat = tf.concat([tf.reshape(ids, [-1]) for ids in id_tensors], 0)
+            distinct, position = tf.unique(flat)
+            rows.append(tf.nn.embedding_lookup(table, distinct))
+            positions.append(position + offset)
+            offset += tf.shape(distinct)[0]
+        stacked = layers.gather_rows(tf.concat(rows, 0), tf.stack(positions, 1))  # [N, F, dim]
+        flat = tf.reshape(stacked, [-1, width])
+        parts = ids_per_feature[0]
         out = []
-        for ids, part in zip(id_tensors, tf.split(embedded, [tf.size(i) for i in id_tensors])):
-            part = tf.reshape(part, tf.concat([tf.shape(ids), [self.config.embedding_dim]], 0))
-            part.set_shape(ids.shape.concatenate([self.config.embedding_dim]))
+        for ids, part in zip(parts, tf.split(flat, [tf.size(i) for i in parts])):
+            part = tf.reshape(part, tf.concat([tf.shape(ids), [width]], 0))
+            part.set_shape(ids.shape.concatenate([width]))
             out.append(part)
         return out
 
@@ -194,21 +204,20 @@ class SimModel(tf.Module):
         positive feature) that forward() reads; only the parts this model type uses."""
         c = self.config
         mask = tf.cast(inputs["positive"][0] > 0, tf.float32)
-        out = {"user": tf.concat([self._shared_lookup(t, [ids])[0] for t, ids in
-                                  zip(self.user_tables, inputs["user"])], axis=-1)}
+        out = {"user": self._shared_lookup(self.user_tables,
+                                           [[ids] for ids in inputs["user"]])[0]}
         if c.model_type == "din":
             out["target"], out["history"] = self._items(
-                [[t, p] for t, p in zip(inputs["target"], inputs["positive"])], 2)
+                [[t, p] for t, p in zip(inputs["target"], inputs["positive"])])
             out["history_mask"] = mask
             return out
         ids = [[t, *self.split_history(p), self.split_history(n)[1]]
                for t, p, n in zip(inputs["target"], inputs["positive"], inputs["negative"])]
         if c.model_type == "dien":  # the long part is not read
             ids = [[t, short, neg] for t, _, short, neg in ids]
-            out["target"], out["short"], out["short_negative"] = self._items(ids, 3)
+            out["target"], out["short"], out["short_negative"] = self._items(ids)
         else:
-            out["target"], out["long"], out["short"], out["short_negative"] = self._items(
-                ids, 4)
+            out["target"], out["long"], out["short"], out["short_negative"] = self._items(ids)
             out["long_mask"] = mask[:, :c.long_seq_length]
         out["short_mask"] = mask[:, c.long_seq_length:]
         return out
