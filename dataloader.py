@@ -191,11 +191,17 @@ class MappedPipeline:
             return map(self.fn, self.pipe.epoch(epoch, start_batch))
         order = [int(i) for i in self.pipe.reader.batch_order(epoch)[start_batch:]]
         missing = [i for i in order if i not in self._cache]
-        return self._in_order(order, iter(self.pipe.dataset(missing)) if missing else None)
+        return self._in_order(order, missing)
 
-    def _in_order(self, order, missing_batches):
-        """The cached batches, and the missing ones read (in the same order) as they come."""
+    def _in_order(self, order, missing):
+        """The cached batches, and the missing ones read (in the same order) as they come.
+        The reader is dropped as soon as the last missing batch is in: tearing a tf.data
+        iterator down sometimes stalls for about 2 s (TF 2.17, CPU), which then falls
+        inside the reading epoch rather than between the steps of a cached one."""
+        reader = iter(self.pipe.dataset(missing)) if missing else None
         for index in order:
             if index not in self._cache:
-                self._cache[index] = self.fn(next(missing_batches))
+                self._cache[index] = self.fn(next(reader))
+                if index == missing[-1]:
+                    reader = None
             yield self._cache[index]

@@ -6,9 +6,11 @@ loops, DIEN's auxiliary loss, the GSU scoring + top-k, the stage-two MLP; and th
 pipeline's own rate on a dataset (rows/s through DictPipeline, no model).
 
   python bench/sim_step_profile.py --dataset_dir DATA [--batch_sizes 256,4096]
-      [--models din,dien,sim] [--steps 20] [--xla]
+      [--models din,dien,sim] [--steps 20] [--xla] [--pipeline] [--ops]
 
 Prints one JSON line per (model, batch size, piece): milliseconds per step (median).
+--ops also traces the whole step with the TensorFlow profiler and prints its op time by op
+type (summed over the executor threads, so it may exceed the wall time).
 """
 from __future__ import annotations
 
@@ -118,7 +120,20 @@ def pieces(model, inputs, compute_dtype):
     return out
 
 
-def profile(spec, model_type: str, batch_size: int, steps: int, xla: bool):
+def op_types(step, data, steps: int, top: int = 12) -> dict:
+    """{"wall_ms", "op_ms", "by_type": {op type: ms per step}} of the `top` op types."""
+    from train_throughput import op_times
+    times = op_times(lambda batch, i: step(), data, steps)
+    by_type = {}
+    for name, ms in times["ops"].items():
+        kind = name.rsplit(":", 1)[1]
+        by_type[kind] = by_type.get(kind, 0.0) + ms
+    ranked = sorted(by_type.items(), key=lambda kv: -kv[1])[:top]
+    return {"wall_ms": round(times["wall_ms"], 2), "op_ms": round(sum(by_type.values()), 2),
+            "by_type": {k: round(v, 2) for k, v in ranked}}
+
+
+def profile(spec, model_type: str, batch_size: int, steps: int, xla: bool, ops: bool):
     import tensorflow as tf
 
     from distributed import make_communicator
@@ -146,6 +161,9 @@ def profile(spec, model_type: str, batch_size: int, steps: int, xla: bool):
     for r in rows:
         print(json.dumps({"model": model_type, "batch": batch_size, **r,
                           "ms": round(r["ms"], 2)}), flush=True)
+    if ops:
+        print(json.dumps({"model": model_type, "batch": batch_size, "piece": "op types",
+                          **op_types(step, data, steps)}), flush=True)
 
 
 def main():
@@ -157,6 +175,8 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--xla", action="store_true")
     p.add_argument("--pipeline", action="store_true", help="also time the input pipeline")
+    p.add_argument("--ops", action="store_true",
+                   help="also the whole step's op time by op type (TensorFlow profiler)")
     a = p.parse_args()
     from sim.data import load_spec
     spec = load_spec(a.dataset_dir, "feature_spec.yaml")
@@ -165,7 +185,7 @@ def main():
             print(json.dumps({"batch": b, "piece": "input pipeline alone",
                               "rows_per_s": round(pipeline_rate(spec, b))}), flush=True)
         for m in a.models.split(","):
-            profile(spec, m, b, a.steps, a.xla)
+            profile(spec, m, b, a.steps, a.xla, a.ops)
 
 
 if __name__ == "__main__":

@@ -128,7 +128,8 @@ def op_times(step_fn, data, steps: int) -> dict:
     import tempfile
     import tensorflow as tf
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
-    measure(step_fn, data, 1)
+    for i in range(3):  # warm-up: tracing
+        step_fn(data[i % len(data)], i)
     with tempfile.TemporaryDirectory() as logdir:
         tf.profiler.experimental.start(logdir)
         start = time.perf_counter()
