@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+import fused_ops
+
 OPTIMIZERS = ("sgd", "adam")
 
 
@@ -35,6 +37,7 @@ class Adam:
     deduplicated its ids), so the rows are not sorted and summed again."""
 
     slot_names = ("m", "v")
+    weight_decay = 0.0  # AdamW's
 
     def __init__(self, variables: dict, beta_1=0.9, beta_2=0.999, epsilon=1e-8):
         self.beta_1, self.beta_2, self.epsilon = beta_1, beta_2, epsilon
@@ -76,11 +79,20 @@ class Adam:
         return _unique_rows(grad)
 
     def _row_step(self, var, rows, m_rows, v_rows, lr):
-        return self._corrected_lr(lr) * m_rows / (tf.sqrt(v_rows) + self.epsilon)
+        step = self._corrected_lr(lr) * m_rows / (tf.sqrt(v_rows) + self.epsilon)
+        if self.weight_decay:
+            step += lr * self.weight_decay * tf.gather(var, rows)
+        return step
 
     def apply_sparse(self, var, grad: tf.IndexedSlices, lr, distinct_rows=False):
         m, v = self._by_ref[var.ref()]
         rows, g = (grad.indices, grad.values) if distinct_rows else self._summed_rows(grad)
+        fused = fused_ops.lazy_adam_rows(var)
+        if fused is not None:  # one pass over the rows instead of five gathers / scatters
+            fused(var=var.handle, m=m.handle, v=v.handle, indices=rows, grad=g,
+                  lr_t=self._corrected_lr(lr), beta1=self.beta_1, beta2=self.beta_2,
+                  epsilon=self.epsilon, decay=tf.cast(lr * self.weight_decay, tf.float32))
+            return
         m_rows = self.beta_1 * tf.gather(m, rows) + (1 - self.beta_1) * g
         v_rows = self.beta_2 * tf.gather(v, rows) + (1 - self.beta_2) * tf.square(g)
         m.scatter_update(tf.IndexedSlices(m_rows, rows))
@@ -111,11 +123,6 @@ class AdamW(Adam):
         rows, position = tf.unique(tf.gather(grad.indices, order))
         return rows, tf.math.segment_sum(tf.gather(grad.values, order), position)
 
-    def _row_step(self, var, rows, m_rows, v_rows, lr):
-        step = super()._row_step(var, rows, m_rows, v_rows, lr)
-        if self.weight_decay:
-            step += lr * self.weight_decay * tf.gather(var, rows)
-        return step
 
 
 def make_optimizer(name: str, variables: dict):

@@ -19,7 +19,7 @@ def export_saved_model(model, spec, output_path: str) -> None:
 
     def probabilities(features):
         inputs = {k: [features[f] for f in spec.channel(c)] for k, c in CHANNELS.items()}
-        logit, _, _ = model.forward(model.lookup(inputs))
+        logit, _, _ = model.forward(model.lookup(inputs, training=False))
         return tf.sigmoid(logit)
 
     export_staged(model, probabilities, [signature], output_path, "sim_serving")

@@ -166,10 +166,20 @@ class SimModel(tf.Module):
         """ids [B, D] -> (long ids [B, L], short ids [B, D-L]) at the fixed split point."""
         return ids[:, :self.config.long_seq_length], ids[:, self.config.long_seq_length:]
 
-    def _items(self, ids_per_feature):
+    def _items(self, ids_per_feature, deduplicate: bool):
         """ids_per_feature[f]: the id tensors of item feature f (target, history parts) ->
         one embedded tensor per part, the features' embeddings side by side."""
-        return self._shared_lookup(self.item_tables, ids_per_feature)
+        return self._embed(self.item_tables, ids_per_feature, deduplicate)
+
+    def _embed(self, tables, ids_per_feature, deduplicate: bool):
+        """_shared_lookup when training; without gradients (prediction) a plain gather per
+        feature and part is cheaper: the same values without finding the distinct ids
+        (at batch 4096, half of DIN's lookup time)."""
+        if deduplicate:
+            return self._shared_lookup(tables, ids_per_feature)
+        return [tf.concat([tf.nn.embedding_lookup(table, ids_per_feature[f][part])
+                           for f, table in enumerate(tables)], -1)
+                for part in range(len(ids_per_feature[0]))]
 
     def _shared_lookup(self, tables, ids_per_feature):
         """tables[f] read at ids_per_feature[f] (id tensors shaped alike for every f) -> per
@@ -198,34 +208,38 @@ class SimModel(tf.Module):
             out.append(part)
         return out
 
-    def lookup(self, inputs: dict) -> dict:
+    def lookup(self, inputs: dict, training: bool = True) -> dict:
         """inputs: 'user' [ids [B]], 'target' [ids [B]], 'positive' / 'negative' [ids [B, D]]
         per item feature. Returns the embedded tensors and masks (id > 0 of the first
-        positive feature) that forward() reads; only the parts this model type uses."""
+        positive feature) that forward() reads; only the parts this model type uses.
+        training=False: no gradient will be taken (see _embed) and the negative history,
+        read only by DIEN's auxiliary loss, is left out."""
         c = self.config
         mask = tf.cast(inputs["positive"][0] > 0, tf.float32)
-        out = {"user": self._shared_lookup(self.user_tables,
-                                           [[ids] for ids in inputs["user"]])[0]}
+        out = {"user": self._embed(self.user_tables, [[ids] for ids in inputs["user"]],
+                                   training)[0]}
         if c.model_type == "din":
             out["target"], out["history"] = self._items(
-                [[t, p] for t, p in zip(inputs["target"], inputs["positive"])])
+                [[t, p] for t, p in zip(inputs["target"], inputs["positive"])], training)
             out["history_mask"] = mask
             return out
-        ids = [[t, *self.split_history(p), self.split_history(n)[1]]
+        parts = ["target", "long", "short"] + (["short_negative"] if training else [])
+        ids = [[t, *self.split_history(p), self.split_history(n)[1]][:len(parts)]
                for t, p, n in zip(inputs["target"], inputs["positive"], inputs["negative"])]
         if c.model_type == "dien":  # the long part is not read
-            ids = [[t, short, neg] for t, _, short, neg in ids]
-            out["target"], out["short"], out["short_negative"] = self._items(ids)
+            parts.remove("long")
+            ids = [[part for i, part in enumerate(f) if i != 1] for f in ids]
         else:
-            out["target"], out["long"], out["short"], out["short_negative"] = self._items(ids)
             out["long_mask"] = mask[:, :c.long_seq_length]
+        out.update(zip(parts, self._items(ids, training)))
         out["short_mask"] = mask[:, c.long_seq_length:]
         return out
 
     # ---- everything after the lookups ----
 
     def forward(self, embedded: dict, compute_dtype=tf.float32, dropout_seed=None):
-        """-> (logit [B], gsu_logit [B] or None, aux_loss [B] or None), float32.
+        """-> (logit [B], gsu_logit [B] or None, aux_loss [B] or None: None without the
+        negative history), float32.
         dropout_seed: a stateless seed [2] while training (None: no dropout)."""
         c = self.config
         e = {k: tf.cast(v, compute_dtype) for k, v in embedded.items()}
@@ -252,8 +266,9 @@ class SimModel(tf.Module):
 
     def _dien(self, e, compute_dtype):
         states = self.gru(e["short"], e["short_mask"], compute_dtype)
-        aux = layers.auxiliary_loss(self.aux_mlp, states, e["short"], e["short_negative"],
-                                    e["short_mask"], compute_dtype)
+        aux = None if "short_negative" not in e else layers.auxiliary_loss(
+            self.aux_mlp, states, e["short"], e["short_negative"], e["short_mask"],
+            compute_dtype)
         scores = self.short_attention(e["target"], states, compute_dtype)
         attention = layers.masked_softmax(scores, e["short_mask"])
         evolved = self.augru(states, e["short_mask"], compute_dtype, attention)

@@ -75,7 +75,8 @@ class SimTask:
         return mean_share(per_row, global_rows)
 
     def predict(self, batch, compute_dtype):
-        logit, _, _ = self.model.forward(self.model.lookup(batch[0]), compute_dtype)
+        logit, _, _ = self.model.forward(self.model.lookup(batch[0], training=False),
+                                         compute_dtype)
         return tf.sigmoid(logit)
 
     @staticmethod

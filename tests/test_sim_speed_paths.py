@@ -53,6 +53,34 @@ def test_shared_lookup_gradient_is_the_per_position_sum(model_type):
                                    atol=1e-6)
 
 
+@pytest.mark.parametrize("model_type", ["din", "dien", "sim"])
+def test_prediction_lookup_gathers_plainly_and_predicts_the_same(model_type):
+    """lookup(training=False): each part is the features' table rows side by side (numpy
+    indexing), without the negative history; the logit is the training path's."""
+    rng = np.random.default_rng(1)
+    B, D, L, items, cats = 5, 8, 5, 9, 4
+    model = SimModel(SimConfig((6,), (items, cats), D, model_type, long_seq_length=L,
+                               embedding_dim=3, seed=2))
+    ids = lambda n, shape: tf.constant(rng.integers(0, n + 1, shape), tf.int64)  # noqa: E731
+    inputs = {"user": [ids(6, [B])], "target": [ids(items, [B]), ids(cats, [B])],
+              "positive": [ids(items, [B, D]), ids(cats, [B, D])],
+              "negative": [ids(items, [B, D]), ids(cats, [B, D])]}
+    plain, shared = model.lookup(inputs, training=False), model.lookup(inputs)
+    assert "short_negative" not in plain and (model_type == "din") != ("short_negative" in shared)
+    tables = [t.numpy() for t in model.item_tables]
+    history = np.concatenate([t[i.numpy()] for t, i in zip(tables, inputs["positive"])], -1)
+    expected = {"target": np.concatenate([t[i.numpy()] for t, i in
+                                          zip(tables, inputs["target"])], -1),
+                "history": history, "long": history[:, :L], "short": history[:, L:],
+                "user": model.user_tables[0].numpy()[inputs["user"][0].numpy()]}
+    for name, value in plain.items():
+        if "mask" not in name:
+            np.testing.assert_array_equal(value.numpy(), expected[name])
+    logit, _, aux = model.forward(plain)
+    assert aux is None
+    np.testing.assert_allclose(logit.numpy(), model.forward(shared)[0].numpy(), rtol=1e-6)
+
+
 def test_cached_step_batches_equal_read_batches_and_are_read_once(tmp_path):
     from dataloader import DictPipeline, MappedPipeline
     from distributed import make_communicator

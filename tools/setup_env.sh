@@ -18,7 +18,13 @@ esac
 
 stamp_of() { cat requirements.txt tools/setup_env.sh | sha1sum | cut -c1-16; echo "gpu=$HAS_GPU"; }
 STAMP="$VENV/.setup-stamp"
+# the project's CPU kernels (ops/*.cc -> build/), rebuilt whenever their source changed
+# (absent in a docker layer that holds only this script: the Dockerfile builds them later)
+build_ops() {
+  [ ! -f fused_ops.py ] || TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/python" -m fused_ops --build
+}
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(stamp_of)" ]; then
+  build_ops
   exit 0
 fi
 
@@ -56,4 +62,5 @@ if ! "$PY" -c "import horovod.tensorflow" 2>/dev/null; then
     "$PY" -m pip install -q --no-build-isolation "horovod==$HOROVOD_VERSION"
 fi
 "$PY" -c "import tensorflow as tf, horovod.tensorflow as hvd; print('[setup] tensorflow', tf.__version__, '| horovod', hvd.__version__ if hasattr(hvd,'__version__') else 'ok')"
+build_ops
 stamp_of > "$STAMP"

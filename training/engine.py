@@ -79,6 +79,23 @@ def replicated_gradient_name(table) -> str:
     return f"replicated_grad_table_{table}"
 
 
+def compiled(fn, signature=None):
+    """fn as a tf.function. With a signature, calls go straight to its concrete function
+    (made on the first call): a tf.function call matches its arguments against the
+    signature every time, ~0.2 ms of Python per call here, a few per cent of a small
+    model's step on CPU."""
+    function = tf.function(fn, input_signature=signature)
+    if signature is None:
+        return function
+    concrete = []
+
+    def call(*args):
+        if not concrete:
+            concrete.append(function.get_concrete_function())
+        return concrete[0](*args)
+    return call
+
+
 class Trainer:
     def __init__(self, task, comm, groups, compute_dtype=tf.float32, loss_scale=None,
                  xla=False, run_eagerly=False, input_signature=None, predict_signature=None,
@@ -103,10 +120,9 @@ class Trainer:
             sig = None if input_signature is None else [
                 input_signature, [tf.TensorSpec([], tf.float32)] * len(self.groups),
                 tf.TensorSpec([], tf.int64)]
-            self._step_fn = tf.function(self._train_step, input_signature=sig)
-            self._predict_fn = tf.function(
-                self._predict_step,
-                input_signature=None if predict_signature is None else [predict_signature])
+            self._step_fn = compiled(self._train_step, sig)
+            self._predict_fn = compiled(
+                self._predict_step, None if predict_signature is None else [predict_signature])
 
     # ---- the step ---------------------------------------------------------------------
     def _dense_forward_backward(self, inputs, embedded, context, scale):

@@ -1,0 +1,77 @@
+"""The project's CPU kernel for lazy Adam (ops/lazy_adam_rows.cc) against numpy, beside the
+TensorFlow-op path it replaces: plain and weight-decayed, eager and in a tf.function, a read
+taken before the update left as it was, a bad row refused."""
+import numpy as np
+import pytest
+
+import runtime
+
+runtime.configure()
+import tensorflow as tf  # noqa: E402
+
+import fused_ops  # noqa: E402
+from conftest import require_or_skip  # noqa: E402
+from optimizers import Adam, AdamW  # noqa: E402
+
+require_or_skip(fused_ops.is_current(), "build/lazy_adam_rows.so is not built from "
+                "ops/lazy_adam_rows.cc (python -m fused_ops --build)")
+
+
+def numpy_lazy_adam(table, steps, lr, weight_decay, b1=0.9, b2=0.999, eps=1e-8):
+    """steps: (rows, grads) per step; a row's moments move only in the steps it appears in."""
+    table, m, v = table.astype(np.float64), np.zeros(table.shape), np.zeros(table.shape)
+    for t, (rows, grads) in enumerate(steps, start=1):
+        summed = {}
+        for r, g in zip(rows, grads):
+            summed[r] = summed.get(r, 0) + g.astype(np.float64)
+        for r, g in summed.items():
+            m[r] = b1 * m[r] + (1 - b1) * g
+            v[r] = b2 * v[r] + (1 - b2) * g * g
+            lr_t = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+            table[r] -= lr_t * m[r] / (np.sqrt(v[r]) + eps) + lr * weight_decay * table[r]
+    return table
+
+
+@pytest.mark.parametrize("path", ["fused", "tensorflow ops"])
+@pytest.mark.parametrize("weight_decay", [0.0, 0.05])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_lazy_adam_rows_match_numpy(path, weight_decay, compiled, monkeypatch):
+    if path == "tensorflow ops":
+        monkeypatch.setattr(fused_ops, "lazy_adam_rows", lambda var: None)
+    rng = np.random.default_rng(3)
+    table0 = rng.standard_normal((50, 6)).astype(np.float32)
+    table = tf.Variable(table0)
+    assert (fused_ops.lazy_adam_rows(table) is None) == (path == "tensorflow ops")
+    opt = AdamW({"t": table}, weight_decay=weight_decay) if weight_decay else Adam({"t": table})
+    steps = []
+    for _ in range(4):  # duplicates in a batch; rows 40.. never looked up
+        rows = rng.integers(0, 40, 30)
+        steps.append((rows, rng.standard_normal((30, 6)).astype(np.float32)))
+
+    def update(rows, grads):
+        opt.apply_sparse(table, tf.IndexedSlices(grads, rows), tf.constant(0.01))
+        opt.finish_step()
+    run = tf.function(update) if compiled else update
+    for rows, grads in steps:
+        run(tf.constant(rows), tf.constant(grads))
+    np.testing.assert_allclose(table.numpy(), numpy_lazy_adam(table0, steps, 0.01, weight_decay),
+                               rtol=2e-5, atol=1e-6)
+    np.testing.assert_array_equal(table.numpy()[40:], table0[40:])
+
+
+def test_a_read_before_the_update_keeps_its_values():
+    table = tf.Variable(tf.ones([8, 4]))
+    opt = Adam({"t": table})
+    before = table.read_value()  # may share the variable's buffer
+    opt.apply_sparse(table, tf.IndexedSlices(tf.ones([2, 4]), tf.constant([1, 5])), 0.1,
+                     distinct_rows=True)
+    np.testing.assert_array_equal(before.numpy(), np.ones([8, 4]))
+    assert table.numpy()[1, 0] < 1 and table.numpy()[0, 0] == 1
+
+
+def test_a_row_outside_the_table_is_refused():
+    table = tf.Variable(tf.zeros([4, 2]))
+    opt = Adam({"t": table})
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row 9 outside"):
+        opt.apply_sparse(table, tf.IndexedSlices(tf.ones([1, 2]), tf.constant([9])), 0.1,
+                         distinct_rows=True)
