@@ -124,7 +124,6 @@ class AdamW(Adam):
         return rows, tf.math.segment_sum(tf.gather(grad.values, order), position)
 
 
-
 def make_optimizer(name: str, variables: dict):
     """variables: every trainable variable by checkpoint name (dense and tables)."""
     if name == "sgd":
