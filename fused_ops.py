@@ -16,6 +16,7 @@ import tensorflow as tf
 ROOT = os.path.dirname(os.path.abspath(__file__))
 SOURCE = os.path.join(ROOT, "ops", "lazy_adam_rows.cc")
 LIBRARY = os.path.join(ROOT, "build", "lazy_adam_rows.so")
+DIGEST = LIBRARY + ".sha1"  # the sha1 of the source the library was built from
 _loaded = {}
 
 
@@ -24,15 +25,11 @@ def _source_digest() -> str:
         return hashlib.sha1(f.read()).hexdigest()
 
 
-def _digest_file() -> str:
-    return LIBRARY + ".sha1"
-
-
 def is_current() -> bool:
     """The library exists and was built from the current source."""
-    if not os.path.isfile(LIBRARY) or not os.path.isfile(_digest_file()):
+    if not os.path.isfile(LIBRARY) or not os.path.isfile(DIGEST):
         return False
-    with open(_digest_file()) as f:
+    with open(DIGEST) as f:
         return f.read().strip() == _source_digest()
 
 
@@ -49,7 +46,7 @@ def build() -> str:
                      done.stderr.strip()[-500:])
         raise OSError(f"building {SOURCE} with g++ failed: {first}")
     os.replace(staged, LIBRARY)
-    with open(_digest_file(), "w") as f:
+    with open(DIGEST, "w") as f:
         f.write(_source_digest() + "\n")
     return LIBRARY
 

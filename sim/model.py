@@ -223,13 +223,15 @@ class SimModel(tf.Module):
                 [[t, p] for t, p in zip(inputs["target"], inputs["positive"])], training)
             out["history_mask"] = mask
             return out
-        parts = ["target", "long", "short"] + (["short_negative"] if training else [])
-        ids = [[t, *self.split_history(p), self.split_history(n)[1]][:len(parts)]
-               for t, p, n in zip(inputs["target"], inputs["positive"], inputs["negative"])]
-        if c.model_type == "dien":  # the long part is not read
-            parts.remove("long")
-            ids = [[part for i, part in enumerate(f) if i != 1] for f in ids]
-        else:
+        parts = ["target", "short"] if c.model_type == "dien" else ["target", "long", "short"]
+        parts += ["short_negative"] if training else []
+        ids = []
+        for t, p, n in zip(inputs["target"], inputs["positive"], inputs["negative"]):
+            long, short = self.split_history(p)
+            by_part = {"target": t, "long": long, "short": short,
+                       "short_negative": self.split_history(n)[1]}
+            ids.append([by_part[name] for name in parts])
+        if c.model_type != "dien":
             out["long_mask"] = mask[:, :c.long_seq_length]
         out.update(zip(parts, self._items(ids, training)))
         out["short_mask"] = mask[:, c.long_seq_length:]

@@ -28,6 +28,7 @@ A family supplies a task object with:
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -87,13 +88,8 @@ def compiled(fn, signature=None):
     function = tf.function(fn, input_signature=signature)
     if signature is None:
         return function
-    concrete = []
-
-    def call(*args):
-        if not concrete:
-            concrete.append(function.get_concrete_function())
-        return concrete[0](*args)
-    return call
+    concrete = functools.cache(function.get_concrete_function)
+    return lambda *args: concrete()(*args)
 
 
 class Trainer:
