@@ -17,7 +17,7 @@ COPY requirements.txt ./
 COPY tools/setup_env.sh tools/
 RUN DLRM_DEVICE=${DLRM_DEVICE} bash tools/setup_env.sh
 COPY . .
-RUN TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python -m fused_ops --build
+RUN TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python -m core.fused_ops --build
 RUN if [ "$DLRM_DEVICE" = gpu ]; then .venv/bin/python -m pip install --no-build-isolation ./tensorflow-dot-based-interact; fi
 ENV PATH=/workspace/dlrm/.venv/bin:$PATH
 CMD ["python", "main.py", "--help"]

@@ -2,11 +2,36 @@
 label), and the shapes of NVIDIA's synthetic Criteo variants."""
 from __future__ import annotations
 
-import dataclasses
+from core.feature_spec import (CATEGORICAL_CHANNEL, CHANNELS, LABEL_CHANNEL, LABEL_DTYPES,
+                               NUMERICAL_CHANNEL, SPLIT_BINARY, ChannelContract, ChannelRule,
+                               FeatureSpec, FeatureSpecError)
 
-from feature_spec import SPLIT_BINARY_CONTRACT, FeatureSpec, FeatureSpecError
 
-DLRM_CONTRACT = dataclasses.replace(SPLIT_BINARY_CONTRACT, model="DLRM")
+def _check_split_binary_chunk(spec: "FeatureSpec", where: str, features: list) -> None:
+    """Split-binary layout: one channel per file, categorical features and the label alone,
+    the numerical block whole and in channel order."""
+    channels = {spec.channel_of(n) for n in features}
+    if len(channels) > 1:
+        raise FeatureSpecError(f"{where}: features {features} mix channels "
+                               f"{sorted(channels)}; each chunk holds one channel")
+    channel = channels.pop()
+    if channel in (CATEGORICAL_CHANNEL, LABEL_CHANNEL) and len(features) != 1:
+        raise FeatureSpecError(f"{where}: a {channel} feature must be alone in its "
+                               f"chunk, found {features}")
+    numerical = spec.channel(NUMERICAL_CHANNEL)
+    if channel == NUMERICAL_CHANNEL and features != numerical:
+        raise FeatureSpecError(f"{where}: all numerical features must be in one chunk "
+                               f"in channel order {numerical}, found {features}")
+
+
+# The split-binary format's layout: what DLRM reads and what SplitBinaryReader/Writer check.
+DLRM_CONTRACT = ChannelContract(
+    model="DLRM", chunk_types=(SPLIT_BINARY,),
+    channels={CATEGORICAL_CHANNEL: ChannelRule("categorical"),
+              NUMERICAL_CHANNEL: ChannelRule("numerical", same_dtype=True),
+              LABEL_CHANNEL: ChannelRule("label", 1, 1, dtypes=LABEL_DTYPES)},
+    required_channels=CHANNELS, nonempty_any=(CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL),
+    check_chunk=_check_split_binary_chunk)
 
 # Cardinalities of the 26 categorical features of the Criteo 1TB click logs after
 # preprocessing with frequency thresholds 15, 3 and 0 (values seen fewer times than the

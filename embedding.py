@@ -1,60 +1,15 @@
-"""Embedding tables: where they live (the placement plan) and how lookups reach the batch.
-
-The placement plan is a value computed by a pure function of the table shapes and the world
-size; the dataloader reads it (which categorical files a rank opens) and the embedding layer
-reads it (which tables or column slices a rank holds). One process is a plan of world size 1.
-
-Strategy (deterministic, memory balanced):
-  1. tables with at most `data_parallel_threshold` elements are replicated on every rank
-     (looked up on the local batch; their gradients are summed across ranks);
-  2. a table with more than `column_slice_threshold` elements is split by columns into
-     k = min(world_size, dim, ceil(elements / threshold)) slices of near-equal width;
-  3. the remaining pieces, largest first (ties: lower table id), each go to the rank holding
-     the fewest bytes so far, preferring ranks that hold no other slice of the same table
-     (ties: lowest rank).
+"""DLRM's embedding layer as the design card names it: this rank's share of the tables (as the
+placement plan of core/parallel/placement.py says) and the all-to-all that brings every
+table's lookups to the rank holding the batch rows.
 """
 from __future__ import annotations
 
-import math
-
 import tensorflow as tf
 
-from comm import Communicator
-from datasets import local_row_bounds
-from layers import table_variable
-from placement import BYTES_PER_ELEMENT, PlacementPlan, TablePiece
-
-
-def make_plan(cardinalities, dim: int, world_size: int = 1, column_slice_threshold: int = 0,
-              data_parallel_threshold: int = 0) -> PlacementPlan:
-    """Placement of tables on ranks (see the module docstring). Thresholds count elements
-    (rows x dim); 0 turns slicing / replication off."""
-    if world_size < 1:
-        raise ValueError(f"world size must be >= 1, found {world_size}")
-    cardinalities = tuple(int(c) for c in cardinalities)
-    replicated, candidates = [], []
-    for table, rows in enumerate(cardinalities):
-        elements = rows * dim
-        if data_parallel_threshold and elements <= data_parallel_threshold:
-            replicated.append(table)
-            continue
-        slices = 1
-        if column_slice_threshold and elements > column_slice_threshold:
-            slices = min(world_size, dim, math.ceil(elements / column_slice_threshold))
-        bounds = [dim * i // slices for i in range(slices + 1)]
-        candidates += [(table, rows, bounds[i], bounds[i + 1]) for i in range(slices)]
-    candidates.sort(key=lambda c: (-c[1] * (c[3] - c[2]), c[0], c[2]))
-    load = [0] * world_size
-    holders = {}
-    pieces = []
-    for table, rows, c0, c1 in candidates:
-        taken = holders.setdefault(table, set())
-        rank = min(range(world_size), key=lambda r: (r in taken, load[r], r))
-        taken.add(rank)
-        load[rank] += rows * (c1 - c0) * BYTES_PER_ELEMENT
-        pieces.append(TablePiece(table, rows, c0, c1, rank))
-    pieces.sort(key=lambda p: (p.rank, p.table, p.col_start))
-    return PlacementPlan(world_size, dim, cardinalities, tuple(pieces), tuple(replicated))
+from core.layers import table_variable
+from core.parallel.comm import Communicator
+from core.parallel.placement import BYTES_PER_ELEMENT, PlacementPlan
+from core.sources import local_row_bounds
 
 
 class EmbeddingLayer(tf.Module):
@@ -125,7 +80,7 @@ class EmbeddingLayer(tf.Module):
         """Model-parallel lookups for the global batch -> each rank's local rows (all-to-all);
         also the extra gradient sources of lookup()."""
         plan, comm = self.plan, self.comm
-        bounds = [global_batch * r // comm.size for r in range(comm.size + 1)]
+        bounds = [local_row_bounds(global_batch, r, comm.size)[0] for r in range(comm.size + 1)]
         local = [tf.nn.embedding_lookup(var, ids[p.table])
                  for p, var in zip(self.local_pieces, self.piece_variables)]
         my_width = sum(p.width for p in self.local_pieces)

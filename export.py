@@ -1,15 +1,15 @@
 """--mode deploy: a SavedModel whose serving signature takes raw features (numerical [n, k]
 float32, categorical [n, tables] int64) and returns click probabilities (training/export.py
-stages it)."""
+writes it)."""
 from __future__ import annotations
 
 import tensorflow as tf
 
 from dataloader import id_dtype
-from training.export import export_saved_model as export_staged
 
 
-def export_saved_model(model, spec, output_path: str) -> None:
+def serving(model, spec) -> tuple:
+    """(probabilities function, input signature) for training.export.export_saved_model."""
     if model.comm.size != 1:
         raise ValueError("export needs the whole model in one process")
     id_dtypes = [id_dtype(c) for c in model.config.cardinalities]
@@ -21,4 +21,4 @@ def export_saved_model(model, spec, output_path: str) -> None:
     signature = [tf.TensorSpec([None, len(spec.numerical_features)], tf.float32,
                                name="numerical"),
                  tf.TensorSpec([None, len(id_dtypes)], tf.int64, name="categorical")]
-    export_staged(model, probabilities, signature, output_path)
+    return probabilities, signature

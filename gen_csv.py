@@ -23,9 +23,10 @@ import sys
 import numpy as np
 import pandas as pd
 
-from cli import run_cli
-from datasets import DatasetError, StagedDirectory
-from feature_spec import CHUNK_TYPES, DEFAULT_FILENAME
+from core.cli import run_cli
+from core.files import StagedDirectory
+from core.sources import DatasetError
+from core.feature_spec import CHUNK_TYPES, DEFAULT_FILENAME
 from transcode import AUTO, CSV, SEPARATOR, is_float_feature, load_csv_spec
 
 

@@ -16,8 +16,9 @@ import json
 import random
 import sys
 
-from cli import run_cli
-from feature_spec import FeatureSpec, FeatureSpecError, atomic_write_text
+from core.cli import run_cli
+from core.feature_spec import FeatureSpec, FeatureSpecError
+from core.files import atomic_write_text
 from wide_and_deep.contract import MULTIHOT_CHANNEL, ONEHOT_CHANNEL
 
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import run_cli
+from core.cli import run_cli
 from dlrm_contract import CRITEO_VARIANTS, DLRM_CONTRACT, criteo_variant
-from feature_spec import (KNOWN_MAPPINGS, LABEL_DTYPES, NUMERICAL_DTYPES, REQUIRED_MAPPINGS,
-                          FeatureSpec, FeatureSpecError)
+from core.feature_spec import (FeatureSpec, FeatureSpecError, KNOWN_MAPPINGS, LABEL_DTYPES,
+                               NUMERICAL_DTYPES, REQUIRED_MAPPINGS)
 
 
 def _cardinalities(text: str) -> list:

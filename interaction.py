@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import tensorflow as tf
 
-from initializers import bias_normal, glorot_normal
+from core.initializers import bias_normal, glorot_normal
 
 DOT_IMPLEMENTATIONS = ("auto", "tensorflow", "custom_cuda")
 

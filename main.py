@@ -9,13 +9,30 @@ from __future__ import annotations
 
 import sys
 
-import runtime
+from core import runtime
 
 runtime.configure()  # before anything imports TensorFlow
 
-from absl import app, flags  # noqa: E402
+# flake8: noqa: E402 (imports after the runtime settings)
+from absl import app, flags
 
-from interaction import INTERACTIONS  # noqa: E402
+import export
+from core.cli import run_cli
+from core.dllog import DLLogger
+from core.feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, FeatureSpecError
+from core.parallel.comm import make_communicator
+from core.parallel.placement import make_plan
+from core.pipelines import reader_errors_surfaced
+from core.sources import DatasetError, load_spec
+from dataloader import BatchPipeline, make_source
+from dlrm_contract import DLRM_CONTRACT
+from interaction import INTERACTIONS, resolve_interaction, select_dot_implementation
+from lr_scheduler import schedule_from_flags
+from model import DLRM, ModelConfig
+from trainer import DlrmTrainer
+from training import checkpoint, loop
+from training.checkpoint import CheckpointError
+from training.export import export_saved_model
 
 FLAGS = flags.FLAGS
 
@@ -130,12 +147,10 @@ def check_flags(world_size: int) -> None:
         raise UsageError(f"--loss_scale must be positive, found {FLAGS.loss_scale}")
 
 
-def load_spec():
-    from datasets import open_dataset
-    from feature_spec import FeatureSpec
+def dataset_spec():
     if FLAGS.dataset_type == "tf_raw" or FLAGS.synthetic_dataset_use_feature_spec:
         base = FLAGS.dataset_path or "."
-        return open_dataset(base, FLAGS.feature_spec)
+        return load_spec(base, DLRM_CONTRACT, FLAGS.feature_spec)
     cardinalities = _ints(FLAGS.synthetic_dataset_cardinalities,
                           "synthetic_dataset_cardinalities")
     if any(c < 1 for c in cardinalities):
@@ -146,11 +161,6 @@ def load_spec():
 
 
 def build(comm, spec):
-    from embedding import make_plan
-    from interaction import resolve_interaction, select_dot_implementation
-    from lr_scheduler import LearningRateSchedule
-    from model import DLRM, ModelConfig
-    from trainer import Trainer
     interaction, dot_request = resolve_interaction(FLAGS.interaction, FLAGS.dot_interaction)
     config = ModelConfig(
         num_numerical=len(spec.numerical_features), cardinalities=tuple(spec.cardinalities),
@@ -167,16 +177,13 @@ def build(comm, spec):
                                     export=FLAGS.mode == "deploy")
     model = DLRM(config, plan, comm, dot,
                  offload_threshold_bytes=int(FLAGS.cpu_offloading_threshold_gb * 2**30))
-    schedule = LearningRateSchedule(FLAGS.learning_rate, FLAGS.warmup_steps,
-                                    FLAGS.decay_start_step, FLAGS.decay_steps)
-    trainer = Trainer(model, FLAGS.optimizer, schedule, amp=FLAGS.amp,
-                      loss_scale=FLAGS.loss_scale, xla=FLAGS.xla, run_eagerly=FLAGS.run_eagerly)
+    trainer = DlrmTrainer(model, FLAGS.optimizer, schedule_from_flags(FLAGS), amp=FLAGS.amp,
+                          loss_scale=FLAGS.loss_scale, xla=FLAGS.xla,
+                          run_eagerly=FLAGS.run_eagerly)
     return plan, trainer
 
 
 def pipeline(spec, plan, comm, training: bool):
-    from dataloader import BatchPipeline, make_source
-    from feature_spec import TEST_MAPPING, TRAIN_MAPPING
     batch = FLAGS.batch_size if training else FLAGS.valid_batch_size
     batches = (FLAGS.synthetic_dataset_train_batches if training
                else FLAGS.synthetic_dataset_valid_batches)
@@ -188,8 +195,7 @@ def pipeline(spec, plan, comm, training: bool):
 
 
 def loop_config():
-    from training.loop import LoopConfig
-    return LoopConfig(epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
+    return loop.LoopConfig(epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
                       print_freq=FLAGS.print_freq, evals_per_epoch=FLAGS.evals_per_epoch,
                       max_steps=max(FLAGS.max_steps, 0), checkpoint_steps=FLAGS.checkpoint_steps,
                       benchmark_warmup_steps=FLAGS.benchmark_warmup_steps)
@@ -201,17 +207,15 @@ def saver(trainer):
         return None
 
     def save(position):
-        import checkpoint
         checkpoint.save(FLAGS.save_checkpoint_path, trainer, position)
         return FLAGS.save_checkpoint_path
     return save
 
 
 def run_mode(trainer, spec, plan, comm, logger, position) -> None:
-    from training import loop
     if FLAGS.mode == "deploy":
-        import export
-        export.export_saved_model(trainer.model, spec, FLAGS.saved_model_output_path)
+        export_saved_model(trainer.model, *export.serving(trainer.model, spec),
+                           FLAGS.saved_model_output_path)
         logger.print(f"SavedModel written to {FLAGS.saved_model_output_path}")
         return
     eval_pipe = pipeline(spec, plan, comm, False)
@@ -230,16 +234,13 @@ def run_mode(trainer, spec, plan, comm, logger, position) -> None:
 
 def main(argv):
     del argv
-    from distributed import make_communicator
     # configures devices before any TensorFlow op
     comm = make_communicator(FLAGS.cpu, FLAGS.collective_timeout_s)
-    from dllog import DLLogger
     logger = DLLogger(FLAGS.log_path, enabled=comm.rank == 0)
     try:
         check_flags(comm.size)
-        spec = load_spec()
+        spec = dataset_spec()
         if FLAGS.print_plan:
-            from embedding import make_plan
             plan = make_plan(spec.cardinalities, FLAGS.embedding_dim, comm.size,
                              FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold)
             logger.print(plan.describe())
@@ -249,7 +250,6 @@ def main(argv):
         logger.parameters({f.name: f.value for f in own_flags} | {"world_size": comm.size})
         position = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
         if FLAGS.restore_checkpoint_path:
-            import checkpoint
             position = checkpoint.restore(FLAGS.restore_checkpoint_path, trainer)
             logger.print(f"restored {FLAGS.restore_checkpoint_path} at step {position['step']}")
         with comm.waiting("the broadcast of the initial dense weights", 0):
@@ -261,11 +261,6 @@ def main(argv):
 
 
 def run():
-    from checkpoint import CheckpointError
-    from cli import run_cli
-    from dataloader import reader_errors_surfaced
-    from datasets import DatasetError
-    from feature_spec import FeatureSpecError
 
     def guarded(argv):
         def work():

@@ -5,10 +5,10 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from comm import Communicator
+from core.parallel.comm import Communicator
 from embedding import EmbeddingLayer
-from layers import MLP
-from placement import PlacementPlan
+from core.layers import MLP
+from core.parallel.placement import PlacementPlan
 from interaction import CrossInteraction, DotInteraction, dot_interact_tf, round_up_8
 
 

@@ -7,14 +7,10 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from comm import ALLTOALL_NAMES
-from lr_scheduler import LearningRateSchedule
-from optimizers import make_optimizer
-from training import OptimizerGroup, TableGradient, TrainingDivergedError, compute_dtype_for
-from training import Trainer as Engine
+from core.optimizers import LearningRateSchedule, make_optimizer
+from core.parallel.comm import ALLTOALL_NAMES
+from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
 from training.engine import mean_share
-
-__all__ = ["Trainer", "TrainingDivergedError"]
 
 
 class DLRMTask:
@@ -57,7 +53,7 @@ class DLRMTask:
         return tf.sigmoid(self.model(numerical, list(categorical), global_rows, compute_dtype))
 
 
-class Trainer(Engine):
+class DlrmTrainer(Trainer):
     def __init__(self, model, optimizer: str, schedule: LearningRateSchedule, amp: bool = False,
                  loss_scale: float = None, xla: bool = False, run_eagerly: bool = False,
                  compute_dtype=None):

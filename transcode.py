@@ -48,15 +48,17 @@ import time
 import numpy as np
 import pandas as pd
 
-from cli import run_cli
-from datasets import COLUMNAR_FORMATS, ColumnarWriter, DatasetError, SplitBinaryWriter
-from feature_spec import (AUTO_CARDINALITY, CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES,
-                          COLUMNAR_LABEL_DTYPES, COLUMNAR_NUMERICAL_DTYPES, CSV,
-                          DEFAULT_FILENAME, KNOWN_MAPPINGS, LABEL_CHANNEL,
-                          LABEL_DTYPES, MAX_HOTNESS, NUMERICAL_CHANNEL, NUMERICAL_DTYPES,
-                          PARQUET, SPLIT_BINARY, TFRECORD, FeatureSpec, FeatureSpecError,
-                          dtype_name, allowed_dtype, check_mapping_names, feature_hotness,
-                          narrowest_int_dtype, read_spec_yaml)
+from core.cli import run_cli
+from core.columnar import COLUMNAR_FORMATS, ColumnarWriter
+from core.sources import DatasetError
+from datasets import SplitBinaryWriter
+from core.feature_spec import (AUTO_CARDINALITY, CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES,
+                               COLUMNAR_LABEL_DTYPES, COLUMNAR_NUMERICAL_DTYPES, CSV,
+                               DEFAULT_FILENAME, FeatureSpec, FeatureSpecError, KNOWN_MAPPINGS,
+                               LABEL_CHANNEL, LABEL_DTYPES, MAX_HOTNESS, NUMERICAL_CHANNEL,
+                               NUMERICAL_DTYPES, PARQUET, SPLIT_BINARY, TFRECORD, allowed_dtype,
+                               check_mapping_names, dtype_name, feature_hotness,
+                               narrowest_int_dtype, read_spec_yaml)
 from dlrm_contract import DLRM_CONTRACT
 from sim.contract import SIM_CONTRACT
 from wide_and_deep.contract import WIDE_DEEP_CONTRACT

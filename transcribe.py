@@ -28,14 +28,14 @@ import time
 
 import numpy as np
 
-from cli import run_cli
-from datasets import SplitBinaryReader, SplitBinaryWriter, SyntheticSource, open_dataset
+from core.cli import run_cli
+from core.sources import load_spec
+from datasets import SplitBinaryReader, SplitBinaryWriter, SyntheticSource
 from dlrm_contract import DLRM_CONTRACT
-from feature_spec import (CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES, DEFAULT_FILENAME,
-                          LABEL_CHANNEL, LABEL_DTYPES, NUMERICAL_CHANNEL, NUMERICAL_DTYPES,
-                          REQUIRED_MAPPINGS, TEST_MAPPING, TRAIN_MAPPING, FeatureSpec,
-                          FeatureSpecError, allowed_dtype, narrowest_int_dtype,
-                          read_spec_yaml)
+from core.feature_spec import (CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES, DEFAULT_FILENAME,
+                               FeatureSpec, FeatureSpecError, LABEL_CHANNEL, LABEL_DTYPES,
+                               NUMERICAL_CHANNEL, NUMERICAL_DTYPES, REQUIRED_MAPPINGS, TEST_MAPPING,
+                               TRAIN_MAPPING, allowed_dtype, narrowest_int_dtype, read_spec_yaml)
 
 SPLIT_BINARY_TYPES = ("tf_raw", "split_binary")
 
@@ -161,7 +161,7 @@ def transcribe(args) -> FeatureSpec:
                              power_law_alpha=args.power_law_alpha,
                              batch_size=args.src_batch_size)
     else:
-        spec = open_dataset(args.src_dataset_path, args.feature_spec)
+        spec = load_spec(args.src_dataset_path, DLRM_CONTRACT, args.feature_spec)
         plan = {}
         for mapping, limit in ((TRAIN_MAPPING, args.max_batches_train),
                                (TEST_MAPPING, args.max_batches_test)):

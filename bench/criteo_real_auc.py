@@ -115,7 +115,7 @@ def preprocess(work, cores, threshold, memory, raw="raw"):
 
 def load_split(dataset, mapping):
     sys.path.insert(0, ROOT)
-    from feature_spec import FeatureSpec
+    from core.feature_spec import FeatureSpec
     spec = FeatureSpec.from_yaml(os.path.join(dataset, "feature_spec.yaml"))
     files = spec.feature_files(mapping)
     numerical = np.fromfile(files["numerical"], dtype=np.float16).reshape(-1, 13)

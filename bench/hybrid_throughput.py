@@ -15,9 +15,9 @@ import tempfile
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from dllog import read_log  # noqa: E402
-from embedding import make_plan  # noqa: E402
-from horovod_comm import expected_alltoall_bytes  # noqa: E402
+from core.dllog import read_log  # noqa: E402
+from core.parallel.placement import make_plan  # noqa: E402
+from core.parallel.horovod import expected_alltoall_bytes  # noqa: E402
 
 
 def run(processes: int, args, log: str) -> dict:

@@ -35,9 +35,11 @@ import numpy as np
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # quiet TensorFlow, if dataloader imports it
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from datasets import (DatasetError, SplitBinaryReader, SplitBinaryWriter,  # noqa: E402
-                      SyntheticSource, check_mapping_files, open_reader, write_columns)
-from feature_spec import FeatureSpec, FeatureSpecError  # noqa: E402
+from core.columnar import open_reader, write_columns  # noqa: E402
+from core.feature_spec import FeatureSpec, FeatureSpecError  # noqa: E402
+from core.sources import DatasetError  # noqa: E402
+from datasets import (SplitBinaryReader, SplitBinaryWriter, SyntheticSource,  # noqa: E402
+                      check_mapping_files)
 from dlrm_contract import criteo_variant  # noqa: E402
 
 MAPPING = "train"
@@ -217,7 +219,7 @@ def columnar_results(spec: FeatureSpec, fmt: str, rows: int, data_dir: str, args
                 best_time(lambda: [reader.get(i) for i in range(len(reader))],
                           max(1, args.repeats // 3))[0])]
     if not args.skip_tfdata:
-        from dataloader import DictPipeline
+        from core.pipelines import DictPipeline
         dataset = DictPipeline(reader, label_features=["label"]).epoch(0)
         sum(1 for _ in dataset)
         results.append((f"{fmt}: tf.data DictPipeline",

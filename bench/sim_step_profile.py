@@ -22,7 +22,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import runtime  # noqa: E402
+from core import runtime  # noqa: E402
 
 
 def median_ms(fn, steps: int, warmup: int = 3) -> float:
@@ -38,8 +38,8 @@ def median_ms(fn, steps: int, warmup: int = 3) -> float:
 
 def pipeline_rate(spec, batch_size: int) -> float:
     """Rows/s of one pass of the training data through the reader pipeline alone."""
-    from dataloader import DictPipeline
-    from distributed import make_communicator
+    from core.pipelines import DictPipeline
+    from core.parallel.comm import make_communicator
     from sim.data import open_mapping
     import tensorflow as tf
     pipe = DictPipeline(open_mapping(spec, "train", batch_size, make_communicator(True)),
@@ -51,8 +51,8 @@ def pipeline_rate(spec, batch_size: int) -> float:
 
 
 def batches(spec, batch_size: int, count: int):
-    from dataloader import DictPipeline
-    from distributed import make_communicator
+    from core.pipelines import DictPipeline
+    from core.parallel.comm import make_communicator
     from sim.data import label, model_inputs, open_mapping
     pipe = DictPipeline(open_mapping(spec, "train", batch_size, make_communicator(True)),
                         (spec.label_feature,))
@@ -63,7 +63,7 @@ def pieces(model, inputs, compute_dtype):
     """name -> function of no argument running that piece forward + backward."""
     import tensorflow as tf
 
-    from sim import layers
+    from sim import blocks
     c = model.config
     embedded = model.lookup(inputs)
     e = {k: tf.identity(v) for k, v in embedded.items()}
@@ -88,9 +88,9 @@ def pieces(model, inputs, compute_dtype):
     out = {"lookups + sparse table update": tf.function(lookup_and_update)}
     target = e["target"]
     if c.model_type == "din":
-        u = layers.dot_product if c.dot else model.short_attention
+        u = blocks.dot_product if c.dot else model.short_attention
         out[f"attention ({c.item_item_interaction}) over 100"] = grad_of(
-            lambda: tf.reduce_sum(layers.attention_pool(u, target, e["history"],
+            lambda: tf.reduce_sum(blocks.attention_pool(u, target, e["history"],
                                                         e["history_mask"], compute_dtype,
                                                         normalize=c.dot)[0]),
             [] if c.dot else u.trainable_variables, [target, e["history"]])
@@ -103,7 +103,7 @@ def pieces(model, inputs, compute_dtype):
             lambda: tf.reduce_sum(model.augru(short, mask, compute_dtype, att)[:, -1]),
             model.augru.trainable_variables, [short])
         out["aux loss"] = grad_of(
-            lambda: tf.reduce_sum(layers.auxiliary_loss(model.aux_mlp, short, short,
+            lambda: tf.reduce_sum(blocks.auxiliary_loss(model.aux_mlp, short, short,
                                                         e["short_negative"], mask,
                                                         compute_dtype)),
             model.aux_mlp.trainable_variables, [short])
@@ -136,7 +136,7 @@ def op_types(step, data, steps: int, top: int = 12) -> dict:
 def profile(spec, model_type: str, batch_size: int, steps: int, xla: bool, ops: bool):
     import tensorflow as tf
 
-    from distributed import make_communicator
+    from core.parallel.comm import make_communicator
     from sim.data import model_shape
     from sim.model import SimConfig, SimModel
     from sim.trainer import SimTrainer
@@ -178,8 +178,9 @@ def main():
     p.add_argument("--ops", action="store_true",
                    help="also the whole step's op time by op type (TensorFlow profiler)")
     a = p.parse_args()
-    from sim.data import load_spec
-    spec = load_spec(a.dataset_dir, "feature_spec.yaml")
+    from core.sources import load_spec
+    from sim.contract import SIM_CONTRACT
+    spec = load_spec(a.dataset_dir, SIM_CONTRACT)
     for b in (int(x) for x in a.batch_sizes.split(",")):
         if a.pipeline:
             print(json.dumps({"batch": b, "piece": "input pipeline alone",

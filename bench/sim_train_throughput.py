@@ -16,7 +16,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-import runtime  # noqa: E402
+from core import runtime  # noqa: E402
 
 # Table sizes of Amazon Books preprocessed with 20+ reviews per user (users, items,
 # categories); the tables' size is what separates sparse row updates from dense ones.
@@ -39,7 +39,7 @@ def batch(size: int, seed: int):
 def ours(args, batches):
     import tensorflow as tf
 
-    from distributed import make_communicator
+    from core.parallel.comm import make_communicator
     from sim.model import SimConfig, SimModel
     from sim.trainer import SimTrainer
     # The Keras twin scores with the activation unit: so does ours here.

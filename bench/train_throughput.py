@@ -29,7 +29,7 @@ def configure_environment(variant: str) -> None:
     """Settings for the worker process, before TensorFlow is imported."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     if variant.startswith("ours"):
-        import runtime
+        from core import runtime
         runtime.configure()  # what main.py runs with
     elif variant == "naive_keras_onednn":
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
@@ -45,7 +45,7 @@ def batches(batch_size: int, count: int):
     import numpy as np
     import tensorflow as tf
     from datasets import SyntheticSource
-    from feature_spec import FeatureSpec
+    from core.feature_spec import FeatureSpec
     spec = FeatureSpec.get_default(NUM_NUMERICAL, [ROWS] * NUM_TABLES)
     source = SyntheticSource(spec, batch_size, count, seed=1, signal_strength=1.0)
     out = []
@@ -58,13 +58,13 @@ def batches(batch_size: int, count: int):
 
 
 def ours(xla: bool, amp: bool = False):
-    from embedding import make_plan
-    from lr_scheduler import LearningRateSchedule
+    from core.parallel.placement import make_plan
+    from core.optimizers import LearningRateSchedule
     from model import DLRM, ModelConfig
-    from trainer import Trainer
+    from trainer import DlrmTrainer
     config = ModelConfig(NUM_NUMERICAL, (ROWS,) * NUM_TABLES, DIM, BOTTOM, TOP)
     model = DLRM(config, make_plan(config.cardinalities, DIM))
-    trainer = Trainer(model, "sgd", LearningRateSchedule(0.1, 0, 0, 0), amp=amp, xla=xla)
+    trainer = DlrmTrainer(model, "sgd", LearningRateSchedule(0.1, 0, 0, 0), amp=amp, xla=xla)
     return lambda batch, step: trainer.train_step(batch, step)
 
 

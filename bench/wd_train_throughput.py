@@ -24,7 +24,7 @@ sys.path.insert(0, ROOT)
 def batches(spec, batch_size: int, count: int):
     import numpy as np
     import tensorflow as tf
-    from datasets import length_key
+    from core.sources import length_key
     from wide_and_deep.contract import MULTIHOT_CHANNEL, ONEHOT_CHANNEL
     rng = np.random.default_rng(0)
     out = []
@@ -43,8 +43,8 @@ def batches(spec, batch_size: int, count: int):
 
 
 def ours(spec, config):
-    from distributed import make_communicator
-    from lr_scheduler import LearningRateSchedule
+    from core.parallel.comm import make_communicator
+    from core.optimizers import LearningRateSchedule
     from wide_and_deep.model import WideDeepModel
     from wide_and_deep.trainer import WideDeepTrainer
     model = WideDeepModel(config)
@@ -57,7 +57,7 @@ def naive_keras(spec, config):
     """The same model written the obvious Keras way."""
     import keras
     import tensorflow as tf
-    from datasets import length_key
+    from core.sources import length_key
     wide_emb = {t.name: keras.layers.Embedding(t.cardinality, 1) for t in config.tables}
     deep_emb = {t.name: keras.layers.Embedding(t.cardinality, t.dim) for t in config.tables}
     mlp = [keras.layers.Dense(u, activation="relu") for u in config.hidden_units]
@@ -101,11 +101,11 @@ def naive_keras(spec, config):
 
 
 def measure(variant: str, batch_size: int, steps: int, warmup: int, scale: float) -> dict:
-    import runtime
+    from core import runtime
     if variant == "ours":
         runtime.configure()  # the toolkit's settings; the naive variant keeps TF's defaults
     from wide_and_deep.model import WideDeepConfig, parameter_count
-    from wide_and_deep.spec import embedding_dims, reference_spec
+    from wide_and_deep.contract import embedding_dims, reference_spec
     spec = reference_spec(scale)
     config = WideDeepConfig.from_spec(spec, embedding_dims(spec))
     step = (ours if variant == "ours" else naive_keras)(spec, config)

@@ -20,7 +20,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from datasets import SplitBinaryWriter  # noqa: E402
-from feature_spec import FeatureSpec, TEST_MAPPING, TRAIN_MAPPING, VALIDATION_MAPPING  # noqa
+from core.feature_spec import FeatureSpec, TEST_MAPPING, TRAIN_MAPPING, VALIDATION_MAPPING  # noqa
 
 try:
     from .spark_data_utils import (ID_COLUMNS, LABEL_COLUMN, NUMERICAL_COLUMNS, POS_COLUMN,

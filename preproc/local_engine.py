@@ -22,7 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from datasets import StagedDirectory
+from core.files import StagedDirectory
 from preproc.spark_data_utils import (CATEGORICAL_COLUMNS, INTEGER_PATTERN,
                                       LABEL_COLUMN, MAX_CARDINALITY, MAX_COUNT_VALUE,
                                       NUM_FIELDS, NUMERICAL_COLUMNS, RARE_ID, PreprocError,

@@ -29,7 +29,8 @@ _REPO = os.path.dirname(_HERE)
 if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
-from cli import run_cli  # noqa: E402
+from core.cli import run_cli  # noqa: E402
+from core.spark import start_spark  # noqa: E402
 from preproc.spark_data_utils import (PreprocError, NUMERICAL_COLUMNS,  # noqa: E402
                                       CATEGORICAL_COLUMNS, COMBINED_DICTIONARY_MAX, RARE_ID,
                                       FIRST_HALF_SPLIT, SECOND_HALF_SPLIT,
@@ -251,16 +252,6 @@ def check_config(args) -> dict:
         key, value = item.split("=", 1)
         conf[key.strip()] = value.strip()
     return conf
-
-
-def start_spark(conf: dict):
-    from pyspark.sql import SparkSession
-    builder = SparkSession.builder
-    for key, value in conf.items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "WARN"))
-    return spark
 
 
 # ---- pipeline ---------------------------------------------------------------------------

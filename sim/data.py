@@ -1,26 +1,16 @@
-"""From a SIM dataset directory to model inputs: spec checks at the door, readers per rank
-in NVIDIA's SIM convention (sim.schema), and the batch dict -> model input mapping."""
+"""From a SIM dataset to model inputs: readers per rank
+in NVIDIA's SIM convention (sim.contract), and the batch dict -> model input mapping."""
 from __future__ import annotations
 
-import os
-
-from datasets import DatasetError, length_key
-from feature_spec import FeatureSpec
-from sim.contract import (NEGATIVE_CHANNEL, POSITIVE_CHANNEL, SIM_CONTRACT, TARGET_CHANNEL,
-                          USER_CHANNEL)
-from sim.schema import left_padded
+from core.columnar import open_reader
+from core.feature_spec import FeatureSpec
+from core.sources import DatasetError, length_key
+from sim.contract import (NEGATIVE_CHANNEL, POSITIVE_CHANNEL, TARGET_CHANNEL, USER_CHANNEL,
+                          left_padded)
 
 
 class SimDataError(DatasetError):
     pass
-
-
-def load_spec(dataset_dir: str, feature_spec: str) -> FeatureSpec:
-    path = feature_spec if os.path.isabs(feature_spec) else os.path.join(dataset_dir,
-                                                                          feature_spec)
-    if not os.path.isfile(path):
-        raise SimDataError(f"feature spec not found: {path} (--dataset_dir/--feature_spec)")
-    return FeatureSpec.from_yaml(path).validate(SIM_CONTRACT)
 
 
 def model_shape(spec: FeatureSpec) -> dict:
@@ -61,7 +51,6 @@ def open_mapping(spec: FeatureSpec, mapping: str, batch_size: int, comm, drop_la
                  prebatch=None) -> SimBatches:
     """This rank's reader of a mapping; an empty mapping is an error naming it. prebatch:
     rows per TFRecord record (--prebatch_*_size; 0/None: the spec's, else detected)."""
-    from datasets import open_reader
     reader = open_reader(spec, mapping, batch_size, rank=comm.rank, world_size=comm.size,
                          drop_last=drop_last, prebatch=prebatch or None)
     if reader.num_rows == 0 or len(reader) == 0:

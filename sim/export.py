@@ -1,18 +1,18 @@
 """A SavedModel of a trained SIM/DIEN/DIN: the serving signature takes the raw features of
 the spec (ids 1..cardinality; histories [n, d] left-padded with 0, most recent last) and
-returns click probabilities (training/export.py stages it)."""
+returns click probabilities (training/export.py writes it)."""
 from __future__ import annotations
 
 import tensorflow as tf
 
 from sim.contract import NEGATIVE_CHANNEL, POSITIVE_CHANNEL, TARGET_CHANNEL, USER_CHANNEL
-from training.export import export_saved_model as export_staged
 
 CHANNELS = {"user": USER_CHANNEL, "target": TARGET_CHANNEL, "positive": POSITIVE_CHANNEL,
             "negative": NEGATIVE_CHANNEL}
 
 
-def export_saved_model(model, spec, output_path: str) -> None:
+def serving(model, spec) -> tuple:
+    """(probabilities function, input signature) for training.export.export_saved_model."""
     signature = {f: tf.TensorSpec([None] if spec.dimension(f) is None
                                   else [None, spec.dimension(f)], tf.int64, name=f)
                  for c in CHANNELS.values() for f in spec.channel(c)}
@@ -22,4 +22,4 @@ def export_saved_model(model, spec, output_path: str) -> None:
         logit, _, _ = model.forward(model.lookup(inputs, training=False))
         return tf.sigmoid(logit)
 
-    export_staged(model, probabilities, [signature], output_path, "sim_serving")
+    return probabilities, [signature]

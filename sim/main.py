@@ -8,12 +8,28 @@ from __future__ import annotations
 import os
 import sys
 
-import runtime
+from core import runtime
 
 runtime.configure()  # before anything imports TensorFlow
 
-import numpy as np  # noqa: E402
-from absl import app, flags  # noqa: E402
+# flake8: noqa: E402 (imports after the runtime settings)
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
+
+from core import plot_log
+from core.cli import run_cli
+from core.dllog import DLLogger
+from core.parallel.comm import make_communicator
+from core.pipelines import DictPipeline, MappedPipeline, reader_errors_surfaced
+from core.sources import load_spec
+from sim import export
+from sim.contract import SIM_CONTRACT
+from sim.data import model_shape, open_mapping
+from sim.model import SimConfig, SimModel
+from sim.trainer import SimTrainer, step_batch
+from training import checkpoint, loop
+from training.export import export_saved_model
 
 F = flags.FLAGS
 flags.DEFINE_enum("mode", "train", ["train", "inference"], "train, or benchmark inference "
@@ -85,7 +101,6 @@ flags.mark_flag_as_required("dataset_dir")
 
 
 def configure_tensorflow():
-    import tensorflow as tf
     if F.inter_op_parallelism:
         tf.config.threading.set_inter_op_parallelism_threads(F.inter_op_parallelism)
     if F.intra_op_parallelism:
@@ -102,9 +117,6 @@ def resolve_seed() -> int:
 
 
 def build(spec, comm):
-    from sim.data import model_shape
-    from sim.model import SimConfig, SimModel
-    from sim.trainer import SimTrainer
     config = SimConfig(**model_shape(spec), model_type=F.model_type,
                        long_seq_length=F.long_seq_length, embedding_dim=F.embedding_dim,
                        stage_one_mlp_dims=_ints(F.stage_one_mlp_dims),
@@ -126,11 +138,7 @@ def _ints(values):
 def pipelines(spec, comm):
     """Training batches, and the test batches (cached unless --disable_cache), as the SIM
     trainer takes them."""
-    import tensorflow as tf
 
-    from dataloader import DictPipeline, MappedPipeline
-    from sim.data import open_mapping
-    from sim.trainer import step_batch
     train = open_mapping(spec, "train", F.global_batch_size, comm, F.drop_remainder,
                          F.prebatch_train_size)
     test = open_mapping(spec, "test", F.global_batch_size, comm,
@@ -146,21 +154,21 @@ def pipelines(spec, comm):
 
 
 def loop_config():
-    from training.loop import LoopConfig
     batches = -(-F.train_dataset_size // F.global_batch_size) if F.train_dataset_size else 0
-    return LoopConfig(epochs=F.epochs, batch_size=F.global_batch_size, print_freq=F.print_freq,
+    return loop.LoopConfig(epochs=F.epochs, batch_size=F.global_batch_size, print_freq=F.print_freq,
                       batches_per_epoch=batches, repeat_count=max(F.repeat_count, 1),
                       benchmark_warmup_steps=F.benchmark_warmup_steps,
                       benchmark_steps=F.benchmark_steps if F.benchmark else 0)
 
 
 def run(spec, comm, logger):
-    from sim import state
-    from training import loop
     trainer = build(spec, comm)
     position = {"epoch": 0, "step": 0}
     if F.load_checkpoint_path:
-        position = state.restore(F.load_checkpoint_path, trainer)
+        position = checkpoint.restore_replica(
+            F.load_checkpoint_path, trainer.variables(), trainer.named_state(),
+            trainer.model.config.checkpoint_shape(), trainer.optimizer,
+            model_defaults={"item_item_interaction": "activation_unit"})  # older checkpoints
     train, test = pipelines(spec, comm)
     if F.mode == "inference":
         loop.log_result(logger, "inference", loop.benchmark_inference(
@@ -169,19 +177,19 @@ def run(spec, comm, logger):
     save = None
     if F.save_checkpoint_path:
         def save(position):
-            state.save(F.save_checkpoint_path, trainer, position)
+            checkpoint.save_replica(F.save_checkpoint_path, trainer.named_state(), comm,
+                                    position, trainer.model.config.checkpoint_shape(),
+                                    trainer.optimizer)
             return F.save_checkpoint_path
     loop.train(trainer, train, lambda: loop.evaluate(trainer, test()), logger, loop_config(),
                position, save)
     if F.export_path and comm.rank == 0:
-        from sim.export import export_saved_model
-        export_saved_model(trainer.model, spec, F.export_path)
+        export_saved_model(trainer.model, *export.serving(trainer.model, spec), F.export_path,
+                           "sim_serving")
 
 
 def main(argv):
     """Errors of the inputs (spec, data, flags, checkpoint) end the run with one line."""
-    from cli import run_cli
-    from dataloader import reader_errors_surfaced
 
     def work():  # FeatureSpecError, DatasetError, SimDataError, CheckpointError...
         with reader_errors_surfaced():
@@ -191,19 +199,15 @@ def main(argv):
 
 
 def train_or_infer():
-    from distributed import make_communicator
-    from dllog import DLLogger
-    from sim.data import load_spec
     comm = make_communicator(F.cpu)  # --cpu: hides the GPUs before TensorFlow starts
     F.seed = int(comm.broadcast_from_root(np.int64(resolve_seed())))
     configure_tensorflow()
     log_path = os.path.join(F.results_dir, F.log_filename)
     logger = DLLogger(log_path, enabled=comm.rank == 0)
     logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})
-    spec = load_spec(F.dataset_dir, F.feature_spec)
+    spec = load_spec(F.dataset_dir, SIM_CONTRACT, F.feature_spec)
     run(spec, comm, logger)
     if F.mode == "train" and comm.rank == 0:
-        import plot_log
         plot_log.plot(log_path, os.path.join(F.results_dir, "curves.png"))
     logger.close()
 

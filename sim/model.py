@@ -27,15 +27,17 @@ cardinality + 1 rows (ids 1..cardinality, row 0 the padding).
 """
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 
 import tensorflow as tf
 
-from layers import MLP, table_variable
-from sim import layers
+from core.layers import MLP, table_variable
+from sim import blocks
 
 MODEL_TYPES = ("sim", "dien", "din")
-INTERACTIONS = ("dot", "activation_unit")
+ITEM_INTERACTIONS = ("dot", "activation_unit")
 
 
 class SimConfigError(ValueError):
@@ -67,12 +69,20 @@ class SimConfig:
     def short_length(self) -> int:
         return self.history_length - self.long_seq_length
 
+    def checkpoint_shape(self) -> dict:
+        """The fields that decide the variables (a checkpoint records them); DIEN's attention
+        does not depend on item_item_interaction."""
+        ignored = ("seed", "dropout_rate") + (("item_item_interaction",)
+                                              if self.model_type == "dien" else ())
+        return {k: (list(v) if isinstance(v, tuple) else v)
+                for k, v in dataclasses.asdict(self).items() if k not in ignored}
+
     def validate(self) -> "SimConfig":
         if self.model_type not in MODEL_TYPES:
             raise SimConfigError(f"--model_type must be one of {MODEL_TYPES}, found "
                                  f"'{self.model_type}'")
-        if self.item_item_interaction not in INTERACTIONS:
-            raise SimConfigError(f"--item_item_interaction must be one of {INTERACTIONS}, "
+        if self.item_item_interaction not in ITEM_INTERACTIONS:
+            raise SimConfigError(f"--item_item_interaction must be one of {ITEM_INTERACTIONS}, "
                                  f"found '{self.item_item_interaction}'")
         if not 0 < self.long_seq_length < self.history_length:
             raise SimConfigError(f"--long_seq_length must be in [1, {self.history_length - 1}] "
@@ -105,19 +115,19 @@ class SimModel(tf.Module):
             if self._short_attention():
                 # DIEN/SIM: over the short part; DIN: over the whole history (name kept for
                 # checkpoints)
-                self.short_attention = layers.AttentionUnit(item_width, c.attention_mlp_dims,
+                self.short_attention = blocks.AttentionUnit(item_width, c.attention_mlp_dims,
                                                             seed, 1000, "short_attention")
             if c.model_type != "din":
-                self.gru = layers.GRU(item_width, item_width, seed, 1100, "interest_extractor")
-                self.augru = layers.GRU(item_width, item_width, seed, 1200,
+                self.gru = blocks.GRU(item_width, item_width, seed, 1100, "interest_extractor")
+                self.augru = blocks.GRU(item_width, item_width, seed, 1200,
                                         "interest_evolution")
                 self.aux_mlp = MLP(2 * item_width, tuple(c.aux_mlp_dims) + (1,), False, seed,
                                    1300, "aux_mlp")
             user_width = dim * len(c.user_cardinalities)
             if c.model_type == "sim" and not c.dot:
-                self.gsu_scorer = layers.AttentionUnit(item_width, c.stage_one_mlp_dims, seed,
+                self.gsu_scorer = blocks.AttentionUnit(item_width, c.stage_one_mlp_dims, seed,
                                                        1400, "gsu_scorer")
-                self.long_attention = layers.AttentionUnit(item_width, c.attention_mlp_dims,
+                self.long_attention = blocks.AttentionUnit(item_width, c.attention_mlp_dims,
                                                            seed, 1600, "long_attention")
             if c.model_type == "sim":
                 self.gsu_head = MLP(user_width + 3 * item_width,
@@ -198,7 +208,7 @@ class SimModel(tf.Module):
             rows.append(tf.nn.embedding_lookup(table, distinct))
             positions.append(position + offset)
             offset += tf.shape(distinct)[0]
-        stacked = layers.gather_rows(tf.concat(rows, 0), tf.stack(positions, 1))  # [N, F, dim]
+        stacked = blocks.gather_rows(tf.concat(rows, 0), tf.stack(positions, 1))  # [N, F, dim]
         flat = tf.reshape(stacked, [-1, width])
         parts = ids_per_feature[0]
         out = []
@@ -248,8 +258,8 @@ class SimModel(tf.Module):
         user, target = e["user"], e["target"]
         pooled, extra, gsu_logit, aux = [], [], None, None
         if c.model_type == "din":
-            unit = layers.dot_product if c.dot else self.short_attention
-            history, _ = layers.attention_pool(unit, target, e["history"], e["history_mask"],
+            unit = blocks.dot_product if c.dot else self.short_attention
+            history, _ = blocks.attention_pool(unit, target, e["history"], e["history_mask"],
                                                compute_dtype, normalize=c.dot)
             pooled.append(history)
         else:
@@ -268,11 +278,11 @@ class SimModel(tf.Module):
 
     def _dien(self, e, compute_dtype):
         states = self.gru(e["short"], e["short_mask"], compute_dtype)
-        aux = None if "short_negative" not in e else layers.auxiliary_loss(
+        aux = None if "short_negative" not in e else blocks.auxiliary_loss(
             self.aux_mlp, states, e["short"], e["short_negative"], e["short_mask"],
             compute_dtype)
         scores = self.short_attention(e["target"], states, compute_dtype)
-        attention = layers.masked_softmax(scores, e["short_mask"])
+        attention = blocks.masked_softmax(scores, e["short_mask"])
         evolved = self.augru(states, e["short_mask"], compute_dtype, attention)
         return evolved[:, -1], aux
 
@@ -280,15 +290,15 @@ class SimModel(tf.Module):
         """-> (ESU's pooled selection, the selection's masked mean, GSU logit)."""
         c = self.config
         target, long, mask = e["target"], e["long"], e["long_mask"]
-        gsu_pooled, weights = layers.attention_pool(
-            layers.dot_product if c.dot else self.gsu_scorer, target, long, mask,
+        gsu_pooled, weights = blocks.attention_pool(
+            blocks.dot_product if c.dot else self.gsu_scorer, target, long, mask,
             compute_dtype, normalize=True)
         head_in = tf.concat([e["user"], target, gsu_pooled, target * gsu_pooled], -1)
         gsu_logit = tf.cast(tf.squeeze(self.gsu_head(head_in, compute_dtype), -1), tf.float32)
         k = min(c.gsu_top_k, c.long_seq_length)
-        indices, selected_mask = layers.top_k_selection(tf.stop_gradient(weights), k)
+        indices, selected_mask = blocks.top_k_selection(tf.stop_gradient(weights), k)
         selected = tf.gather(long, indices, batch_dims=1)
-        esu, _ = layers.attention_pool(layers.dot_product if c.dot else self.long_attention,
+        esu, _ = blocks.attention_pool(blocks.dot_product if c.dot else self.long_attention,
                                        target, selected, selected_mask, compute_dtype,
                                        normalize=c.dot)
-        return esu, layers.masked_mean_plus_one(selected, selected_mask), gsu_logit
+        return esu, blocks.masked_mean_plus_one(selected, selected_mask), gsu_logit

@@ -31,9 +31,9 @@ import sys
 
 import numpy as np
 
-import runtime
-from cli import run_cli
-from sim import schema
+from core import runtime
+from core.cli import run_cli
+from sim import contract
 
 SIGNALS = ("long", "short", "none")
 SIGNAL_SHARE, CLICK_MATCH, CLICK_OTHER = 0.5, 0.9, 0.1
@@ -49,7 +49,7 @@ def _items_of(categories, num_items, num_categories, rng):
 
 def generate(users: int, items: int, categories: int, history_length: int, signal: str,
              seed: int) -> dict:
-    """{'train': columns, 'test': columns} (see sim.schema.columns)."""
+    """{'train': columns, 'test': columns} (see sim.contract.columns)."""
     if signal not in SIGNALS:
         raise ValueError(f"--signal must be one of {SIGNALS}, found '{signal}'")
     short = history_length - LONG_SEQ_LENGTH
@@ -76,7 +76,7 @@ def generate(users: int, items: int, categories: int, history_length: int, signa
         click = np.full(users, 0.5)
     label = rng.random(users) < click
     # ids 1..cardinality (0 is padding): shift the 0-based draws by one
-    cols = schema.columns(np.arange(users) + 1, target_item + 1, target_cat + 1,
+    cols = contract.columns(np.arange(users) + 1, target_item + 1, target_cat + 1,
                           (hist_item + 1, lengths), (hist_cat + 1, lengths),
                           (neg_item + 1, lengths), (neg_item % categories + 1, lengths), label,
                           history_length)
@@ -95,9 +95,9 @@ def _rows(column, rows):
 def write(dst: str, users=4000, items=1000, categories=20, history_length=100, signal="long",
           seed=0, overwrite=False, prebatch=None):
     """prebatch: {mapping: rows per record} (NVIDIA's prebatched layout) or None."""
-    from datasets import write_columns
+    from core.columnar import write_columns
     data = generate(users, items, categories, history_length, signal, seed)
-    spec = schema.sim_spec(users, items, categories, history_length,
+    spec = contract.sim_spec(users, items, categories, history_length,
                            {"generator": "sim.synthetic", "signal": signal, "seed": seed})
     return write_columns(dst, spec, data, "tfrecord", overwrite=overwrite, ids_from_one=True,
                          prebatch=prebatch)
@@ -113,11 +113,11 @@ def write_byo_parquet(dst: str, users=4000, items=1000, categories=20, history_l
     import pyarrow.parquet as pq
     data = generate(users, items, categories, history_length, signal, seed)
     os.makedirs(dst, exist_ok=True)
-    cards = [(schema.USER, users), (schema.ITEM, items), (schema.CATEGORY, categories)]
+    cards = [(contract.USER, users), (contract.ITEM, items), (contract.CATEGORY, categories)]
     with open(os.path.join(dst, "metadata.json"), "w") as f:
         json.dump({"cardinalities": [{"name": n, "value": v} for n, v in cards]}, f)
-    order = (schema.LABEL, schema.USER, schema.ITEM, schema.CATEGORY) + schema.POSITIVE + \
-        schema.NEGATIVE
+    order = (contract.LABEL, contract.USER, contract.ITEM, contract.CATEGORY) + contract.POSITIVE + \
+        contract.NEGATIVE
     for mapping, cols in data.items():
         os.makedirs(os.path.join(dst, mapping), exist_ok=True)
         table = pa.table({n: list(cols[n][0]) if isinstance(cols[n], tuple) else cols[n]
@@ -125,7 +125,7 @@ def write_byo_parquet(dst: str, users=4000, items=1000, categories=20, history_l
         for k, start in enumerate(range(0, table.num_rows, -(-table.num_rows // parts))):
             pq.write_table(table.slice(start, -(-table.num_rows // parts)),
                            os.path.join(dst, mapping, f"part.{k}.parquet"))
-    return sum(len(cols[schema.LABEL]) for cols in data.values())
+    return sum(len(cols[contract.LABEL]) for cols in data.values())
 
 
 def main(argv=None):

@@ -8,23 +8,15 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from dataloader import DictPipeline
-from optimizers import SGD, AdamW
+from core.optimizers import make_optimizer
+from core.pipelines import DictPipeline
 from sim.data import model_inputs
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
+from training.checkpoint import with_slots
 from training.engine import mean_share
 
 # the embedded tensors that depend on tables (the rest of lookup()'s output are masks)
 EMBEDDED = ("user", "target", "history", "short", "short_negative", "long")
-
-
-def make_optimizer(name: str, variables: dict, weight_decay: float):
-    if name == "adam":
-        return AdamW(variables, weight_decay=weight_decay)
-    if name == "sgd" and not weight_decay:
-        return SGD()
-    raise ValueError(f"--optimizer must be 'adam' or 'sgd' (sgd without --weight_decay), "
-                     f"found '{name}' with --weight_decay {weight_decay}")
 
 
 def input_signature(config) -> dict:
@@ -105,3 +97,8 @@ class SimTrainer(Trainer):
     def variables(self) -> dict:
         return {**{f"dense/{k}": v for k, v in self.dense.items()},
                 **{f"table/{k}": v for k, v in self.tables.items()}}
+
+    def named_state(self) -> dict:
+        """variables() and the optimizer's slots, keyed by the name without its dense/ or
+        table/ prefix."""
+        return with_slots(self.variables(), self.optimizer, lambda n: n.split("/", 1)[1])

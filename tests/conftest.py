@@ -44,7 +44,9 @@ def random_arrays(spec, rows: int, seed: int = 0) -> dict:
 def write_dataset(tmp_path):
     """write_dataset(spec, rows={'train': n, 'test': m}, name='data', seed=0)
     -> (FeatureSpec loaded from disk, {mapping: arrays})."""
-    from datasets import SplitBinaryWriter, open_dataset
+    from core.sources import load_spec
+    from dlrm_contract import DLRM_CONTRACT
+    from datasets import SplitBinaryWriter
 
     def write(spec, rows, name="data", seed=0, pieces=3):
         out, arrays = tmp_path / name, {}
@@ -55,7 +57,7 @@ def write_dataset(tmp_path):
                 for lo, hi in zip(bounds[:-1], bounds[1:]):
                     writer.write(mapping, a["numerical"][lo:hi],
                                  [c[lo:hi] for c in a["categorical"]], a["label"][lo:hi])
-        return open_dataset(str(out)), arrays
+        return load_spec(str(out), DLRM_CONTRACT), arrays
 
     return write
 

@@ -11,8 +11,10 @@ import yaml
 import gen_csv
 import transcode
 from dlrm_contract import DLRM_CONTRACT
-from datasets import (ColumnarWriter, DatasetError, length_key, open_reader, write_columns)
-from feature_spec import FeatureSpec, FeatureSpecError
+from core.files import FileError
+from core.columnar import ColumnarWriter, open_reader, write_columns
+from core.sources import DatasetError, length_key
+from core.feature_spec import FeatureSpec, FeatureSpecError
 from sim.contract import SIM_CONTRACT
 from wide_and_deep.contract import WIDE_DEEP_CONTRACT
 
@@ -173,7 +175,7 @@ def test_writer_checks_and_stages(tmp_path):
     assert not os.path.exists(tmp_path / "out") and os.listdir(tmp_path) == []
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep").write_text("x")
-    with pytest.raises(DatasetError, match="not empty"):
+    with pytest.raises(FileError, match="not empty"):
         ColumnarWriter(str(tmp_path / "out"), spec, "tfrecord")
     with pytest.raises(DatasetError, match="output format"):
         ColumnarWriter(str(tmp_path / "new"), spec, "orc")

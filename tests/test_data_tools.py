@@ -12,9 +12,10 @@ import gen_embedding_sizes
 import generate_feature_spec
 import transcode
 import transcribe
-from datasets import SplitBinaryReader, SyntheticSource, check_mapping_files, open_dataset
+from core.sources import load_spec
+from datasets import SplitBinaryReader, SyntheticSource, check_mapping_files
 from dlrm_contract import CRITEO_CARDINALITIES, DLRM_CONTRACT
-from feature_spec import FeatureSpec, FeatureSpecError
+from core.feature_spec import FeatureSpec, FeatureSpecError
 
 TOOLS = {
     generate_feature_spec: ["--variant", "--cardinalities", "--num_numerical", "--dst"],
@@ -98,7 +99,7 @@ def test_transcribe_synthetic(tmp_path, capsys):
     assert _transcribe(src, dst, "--seed", "5", "--signal_strength", "1.5",
                        "--power_law_alpha", "2") == 0
     assert "train 384 rows" in capsys.readouterr().out
-    spec = open_dataset(str(dst))
+    spec = load_spec(str(dst), DLRM_CONTRACT)
     assert spec.cardinalities == [5, 300, 70000]
     assert check_mapping_files(spec, "train") == 384 and check_mapping_files(spec, "test") == 256
     source = SyntheticSource(spec, 128, 5, seed=5, signal_strength=1.5, power_law_alpha=2)
@@ -140,7 +141,7 @@ def test_transcribe_imitates_foreign_spec(tmp_path):
             "source_spec": None}
     (src / "feature_spec.yaml").write_text(yaml.safe_dump(spec))
     assert _transcribe(src, tmp_path / "out") == 0
-    out = open_dataset(str(tmp_path / "out"))
+    out = load_spec(str(tmp_path / "out"), DLRM_CONTRACT)
     assert out.cardinalities == [40000, 3]
     assert [str(out.dtype(f)) for f in out.categorical_features] == ["int32", "int32"]
     assert str(out.dtype("label")) == "int8"
@@ -153,7 +154,8 @@ def test_transcribe_copies_split_binary(tmp_path):
                             str(tmp_path / "big"), "--dst_dataset_path", str(tmp_path / "small"),
                             "--max_batches_train", "2", "--src_batch_size", "100",
                             "--quiet"]) == 0
-    big, small = open_dataset(str(tmp_path / "big")), open_dataset(str(tmp_path / "small"))
+    big = load_spec(str(tmp_path / "big"), DLRM_CONTRACT)
+    small = load_spec(str(tmp_path / "small"), DLRM_CONTRACT)
     assert small.metadata["rows"] == {"train": 200, "test": 256}
     a = SplitBinaryReader(big, "train", 200).get(0)
     b = SplitBinaryReader(small, "train", 200).get(0)
@@ -235,7 +237,7 @@ def test_transcode_round_trip(csv_dataset, tmp_path, chunk_size):
     assert transcode.main(["--input", str(csv_dataset), "--output", str(out),
                            "--chunk_size", str(chunk_size), "--quiet"]) == 0
     spec_in = yaml.safe_load((csv_dataset / "feature_spec.yaml").read_text())
-    spec = open_dataset(str(out))
+    spec = load_spec(str(out), DLRM_CONTRACT)
     assert spec.mappings == ["train", "test", "validation"]
     assert spec.categorical_features == ["c_a", "c_b", "c_c", "c_d"]
     assert spec.numerical_features == ["n_0", "n_1", "n_2"] and spec.label_feature == "click"
@@ -269,7 +271,7 @@ def test_transcode_refuses_non_empty_output(csv_dataset, tmp_path, capsys):
     assert transcode.main(["--input", str(csv_dataset), "--output", str(out), "--quiet",
                            "--overwrite"]) == 0
     assert not (out / "x").exists()
-    assert check_mapping_files(open_dataset(str(out)), "test") == 2500
+    assert check_mapping_files(load_spec(str(out), DLRM_CONTRACT), "test") == 2500
 
 
 def _edit_csv(path, edit):
@@ -326,4 +328,4 @@ def test_gen_csv_from_split_binary_spec(tmp_path):
     assert (tmp_path / "csv" / "train" / "cat_1.csv").exists()
     assert transcode.main(["--input", str(tmp_path / "csv"), "--output",
                            str(tmp_path / "bin"), "--quiet"]) == 0
-    assert open_dataset(str(tmp_path / "bin")).cardinalities == [4, 9]
+    assert load_spec(str(tmp_path / "bin"), DLRM_CONTRACT).cardinalities == [4, 9]

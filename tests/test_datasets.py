@@ -6,9 +6,11 @@ import pytest
 import yaml
 
 from conftest import random_arrays
-from datasets import (DatasetError, SplitBinaryReader, SplitBinaryWriter, SyntheticSource,
-                      check_mapping_files, local_row_bounds, open_dataset)
-from feature_spec import FeatureSpec
+from core.files import FileError
+from core.sources import DatasetError, load_spec, local_row_bounds
+from dlrm_contract import DLRM_CONTRACT
+from datasets import SplitBinaryReader, SplitBinaryWriter, SyntheticSource, check_mapping_files
+from core.feature_spec import FeatureSpec
 
 # One feature per categorical dtype, at the largest cardinality the dtype holds.
 CAT_DTYPES = ["int8", "int16", "int32", "int64"]
@@ -168,7 +170,7 @@ def test_truncated_file_named(write_dataset, kind, how):
         del raw["metadata"]["rows"]
         with open(spec_path, "w") as f:
             yaml.safe_dump(raw, f)
-        loaded = open_dataset(loaded.base_directory)
+        loaded = load_spec(loaded.base_directory, DLRM_CONTRACT)
     with pytest.raises(DatasetError) as info:
         SplitBinaryReader(loaded, "train", 16)
     message = str(info.value)
@@ -193,22 +195,22 @@ def test_writer_refuses_non_empty_output(tmp_path):
     out.mkdir()
     (out / "keep.txt").write_text("precious")
     spec = small_spec()
-    with pytest.raises(DatasetError, match="not empty"):
+    with pytest.raises(FileError, match="not empty"):
         SplitBinaryWriter(str(out), spec)
     assert (out / "keep.txt").read_text() == "precious"
     (tmp_path / "file").write_text("x")
-    with pytest.raises(DatasetError, match="not a directory"):
+    with pytest.raises(FileError, match="not a directory"):
         SplitBinaryWriter(str(tmp_path / "file"), spec)
     a = random_arrays(spec, 10)
     with SplitBinaryWriter(str(out), spec, overwrite=True) as w:
         w.write("train", a["numerical"], a["categorical"], a["label"])
     assert sorted(os.listdir(out)) == ["feature_spec.yaml", "test", "train"]
-    assert open_dataset(str(out)).metadata["rows"] == {"train": 10, "test": 0}
+    assert load_spec(str(out), DLRM_CONTRACT).metadata["rows"] == {"train": 10, "test": 0}
     assert sorted(os.listdir(tmp_path)) == ["file", "out"]
     empty = tmp_path / "empty"
     empty.mkdir()
     SplitBinaryWriter(str(empty), spec).close()  # an empty directory is fine
-    assert check_mapping_files(open_dataset(str(empty)), "test") == 0
+    assert check_mapping_files(load_spec(str(empty), DLRM_CONTRACT), "test") == 0
 
 
 def test_writer_exception_leaves_nothing(tmp_path):

@@ -2,7 +2,7 @@
 (That it runs before TensorFlow's first op is checked under horovodrun in test_hybrid.)"""
 import tensorflow as tf
 
-import distributed
+from core.parallel import comm
 
 
 def test_local_rank_gets_its_gpu_with_memory_growth(monkeypatch):
@@ -13,8 +13,8 @@ def test_local_rank_gets_its_gpu_with_memory_growth(monkeypatch):
                         lambda devices, kind=None: calls.append(("visible", devices, kind)))
     monkeypatch.setattr(tf.config.experimental, "set_memory_growth",
                         lambda device, on: calls.append(("growth", device, on)))
-    distributed.configure_devices(cpu=False, local_rank=3)
+    comm.configure_devices(cpu=False, local_rank=3)
     assert calls == [("visible", "gpu1", "GPU"), ("growth", "gpu1", True)]
     calls.clear()
-    distributed.configure_devices(cpu=True, local_rank=3)
+    comm.configure_devices(cpu=True, local_rank=3)
     assert calls == [("visible", [], "GPU")]

@@ -15,7 +15,7 @@ import yaml
 
 import gen_csv
 import transcode
-from dllog import read_log
+from core.dllog import read_log
 from interaction import resolve_interaction
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

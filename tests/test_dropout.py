@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dropout import bias_relu_dropout, keep_hash
+from core.dropout import bias_relu_dropout, keep_hash
 
 U = np.uint64  # every constant typed, so numpy never promotes to float
 M32, GOLDEN, GOLDEN2 = U(0xFFFFFFFF), U(0x9E3779B9), U(0x85EBCA77)

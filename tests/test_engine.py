@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from cli import run_cli
-from loss_scale import DynamicLossScale
-from optimizers import SGD
+from core.cli import run_cli
+from training.loss_scale import DynamicLossScale
+from core.optimizers import SGD
 from training import OptimizerGroup, TableGradient, Trainer, TrainingDivergedError
 from training.engine import mean_share
 

@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from dlrm_contract import CRITEO_CARDINALITIES, CRITEO_VARIANTS, DLRM_CONTRACT, criteo_variant
-from feature_spec import FeatureSpec, FeatureSpecError, atomic_write_text, narrowest_int_dtype
+from core.feature_spec import FeatureSpec, FeatureSpecError, narrowest_int_dtype
+from core.files import atomic_write_text
 
 
 def base_dict():
@@ -275,7 +276,7 @@ def wide_deep_dict():
 
 
 def test_max_hotness_is_read_as_dimensions():
-    from feature_spec import with_dtypes
+    from core.feature_spec import with_dtypes
     from wide_and_deep.contract import WIDE_DEEP_CONTRACT
     spec = with_dtypes(FeatureSpec(**wide_deep_dict()), WIDE_DEEP_CONTRACT, {})
     assert spec.dimension("topics") == 3 and spec.dimension("ad") is None
@@ -293,7 +294,7 @@ def test_max_hotness_is_read_as_dimensions():
 def test_missing_dtypes_come_from_the_data_else_defaults():
     """The data's own type when the channel allows it (float64 numericals, int64 ids); ids
     stored as floats (list<double>) and anything a channel refuses get the kind's default."""
-    from feature_spec import with_dtypes
+    from core.feature_spec import with_dtypes
     from wide_and_deep.contract import WIDE_DEEP_CONTRACT
     raw = FeatureSpec(**wide_deep_dict())
     with pytest.raises(FeatureSpecError, match="feature 'ad' needs a dtype"):

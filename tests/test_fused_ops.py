@@ -4,17 +4,17 @@ taken before the update left as it was, a bad row refused."""
 import numpy as np
 import pytest
 
-import runtime
+from core import runtime
 
 runtime.configure()
 import tensorflow as tf  # noqa: E402
 
-import fused_ops  # noqa: E402
 from conftest import require_or_skip  # noqa: E402
-from optimizers import Adam, AdamW  # noqa: E402
+from core import fused_ops  # noqa: E402
+from core.optimizers import Adam, AdamW  # noqa: E402
 
 require_or_skip(fused_ops.is_current(), "build/lazy_adam_rows.so is not built from "
-                "ops/lazy_adam_rows.cc (python -m fused_ops --build)")
+                "ops/lazy_adam_rows.cc (python -m core.fused_ops --build)")
 
 
 def numpy_lazy_adam(table, steps, lr, weight_decay, b1=0.9, b2=0.999, eps=1e-8):

@@ -14,8 +14,8 @@ import psutil
 import pytest
 
 from conftest import require_or_skip
-from dllog import read_log
-from embedding import make_plan
+from core.dllog import read_log
+from core.parallel.placement import make_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -170,7 +170,7 @@ def run_script(np_, code, tmp_path):
 def test_evaluation_gathers_to_rank_zero_only(tmp_path):
     out = run_script(3, """
 import numpy as np
-from distributed import make_communicator
+from core.parallel.comm import make_communicator
 comm = make_communicator(cpu=True)
 gathered = comm.gather_to_root(np.full(comm.rank + 1, comm.rank, np.float32))
 figures = comm.broadcast_from_root(np.array([comm.rank + 0.5, 7.0]))
@@ -186,7 +186,7 @@ def test_devices_are_configured_before_tensorflow_initialises(tmp_path):
     its eager context exists, so that must not exist yet when they are applied."""
     argv = ["main.py", *MODEL, "--print_plan", "--log_path", str(tmp_path / "log.json")]
     out = run_script(2, f"""
-import runtime
+from core import runtime
 runtime.configure()
 import tensorflow as tf
 from tensorflow.python.eager import context

@@ -26,7 +26,7 @@ def run_cli(*args):
 
 def test_dlrm_split_binary_id_out_of_range(tmp_path):
     from datasets import SplitBinaryWriter, SyntheticSource
-    from feature_spec import FeatureSpec
+    from core.feature_spec import FeatureSpec
     spec = FeatureSpec.get_default(2, [50, 30])
     data = tmp_path / "data"
     with SplitBinaryWriter(str(data), spec) as writer:

@@ -107,11 +107,11 @@ def test_main_passes_xla_and_deploy_to_the_selection(monkeypatch):
         seen.update(requested=requested, xla=xla, export=export)
         return dot_interact_tf
 
-    monkeypatch.setattr(interaction, "select_dot_implementation", spy)
-    from feature_spec import FeatureSpec
+    monkeypatch.setattr(main, "select_dot_implementation", spy)  # main.build calls it
+    from core.feature_spec import FeatureSpec
     spec = FeatureSpec.get_default(2, [10, 20])
     small = ["--embedding_dim", "4", "--bottom_mlp_dims", "4", "--top_mlp_dims", "4,1", "--cpu"]
-    from comm import Communicator
+    from core.parallel.comm import Communicator
     for args, expected in ((["--mode", "deploy", "--xla"], (False, True)),
                            (["--mode", "train", "--xla"], (True, False)),
                            (["--mode", "eval", "--xla"], (False, False))):

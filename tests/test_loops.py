@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from comm import Communicator
+from core.parallel.comm import Communicator
 from training import loop as loops
 
 

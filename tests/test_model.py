@@ -5,12 +5,12 @@ import pytest
 import tensorflow as tf
 from sklearn.metrics import log_loss as sk_log_loss, roc_auc_score
 
-from embedding import make_plan
+from core.parallel.placement import make_plan
 from interaction import CrossInteraction, dot_interact_tf, dot_output_width
-from lr_scheduler import LearningRateSchedule
-from metrics import log_loss, roc_auc
+from core.optimizers import LearningRateSchedule
+from training.metrics import log_loss, roc_auc
 from model import DLRM, ModelConfig
-from optimizers import Adam, SGD
+from core.optimizers import Adam, SGD
 
 
 def numpy_dot_interaction(x, bottom):

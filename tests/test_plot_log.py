@@ -1,8 +1,8 @@
 """plot_log: the curves read from a DLLogger log, and one PNG panel per metric found."""
 import pytest
 
-import plot_log
-from dllog import DLLogger
+from core import plot_log
+from core.dllog import DLLogger
 
 
 def write_log(path, with_map):

@@ -343,8 +343,10 @@ def test_rerun_is_identical_and_replaces(runs):
 
 def test_dataset_opens_with_the_library(runs):
     sys.path.insert(0, ROOT)
-    from datasets import SplitBinaryReader, open_dataset
-    spec = open_dataset(runs[2]["env"]["final_output_dir"])
+    from core.sources import load_spec
+    from dlrm_contract import DLRM_CONTRACT
+    from datasets import SplitBinaryReader
+    spec = load_spec(runs[2]["env"]["final_output_dir"], DLRM_CONTRACT)
     reader = SplitBinaryReader(spec, "validation", batch_size=1000)
     numerical, categorical, label = reader.get(0)
     assert numerical.shape == (1000, 13) and len(categorical) == 26 and label.shape == (1000,)

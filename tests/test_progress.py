@@ -1,5 +1,5 @@
 """Progress bookkeeping: throughput and ETA against hand-computed values with a fake clock."""
-from progress import Progress, format_seconds
+from training.progress import Progress, format_seconds
 
 
 class FakeClock:

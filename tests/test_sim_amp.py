@@ -9,7 +9,7 @@ from test_sim_training import final_auc, train
 
 def float16_trainer(monkeypatch):
     """A SimTrainer computing in float16 (what --amp gives on a GPU), here on the CPU."""
-    from distributed import make_communicator
+    from core.parallel.comm import make_communicator
     from sim.model import SimConfig, SimModel
     from sim.trainer import SimTrainer
     monkeypatch.setattr(tf.config, "list_logical_devices", lambda kind=None: ["GPU:0"])
@@ -46,7 +46,7 @@ def test_float16_step_with_a_sane_scale_matches_float32(monkeypatch):
     trainer = float16_trainer(monkeypatch)
     trainer.loss_scale.scale.assign(2.0 ** 10)
     monkeypatch.undo()
-    from distributed import make_communicator
+    from core.parallel.comm import make_communicator
     from sim.trainer import SimTrainer
     reference = SimTrainer(trainer.model.__class__(trainer.model.config), make_communicator())
     before = trainer.tables["item_table_0"].numpy().copy()

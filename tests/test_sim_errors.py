@@ -72,13 +72,13 @@ def test_target_and_history_feature_counts_differ(dataset, tmp_path, capsys):
 
 
 def test_empty_test_set(tmp_path, capsys):
-    from datasets import write_columns
-    from sim import schema
+    from core.columnar import write_columns
+    from sim import contract
     from sim.synthetic import generate
     data = generate(50, 40, 4, 100, "long", 0)
     data["test"] = {k: (tuple(p[:0] for p in v) if isinstance(v, tuple) else v[:0])
                     for k, v in data["test"].items()}
-    write_columns(str(tmp_path / "d"), schema.sim_spec(50, 40, 4, 100), data, "tfrecord",
+    write_columns(str(tmp_path / "d"), contract.sim_spec(50, 40, 4, 100), data, "tfrecord",
                   ids_from_one=True)
     line = one_line_error(capsys, ["--dataset_dir", str(tmp_path / "d"),
                                    "--results_dir", str(tmp_path)])

@@ -2,13 +2,13 @@
 import numpy as np
 import pytest
 
-import runtime
+from core import runtime
 
 runtime.configure()
 import tensorflow as tf  # noqa: E402
 
-from layers import MLP  # noqa: E402
-from sim import layers  # noqa: E402
+from core.layers import MLP  # noqa: E402
+from sim import blocks  # noqa: E402
 
 F32 = tf.float32
 
@@ -47,9 +47,9 @@ def data():
 @pytest.mark.parametrize("normalize", [False, True])
 def test_attention_pool_matches_numpy_and_ignores_padding(data, normalize):
     q, keys, mask = data
-    unit = layers.AttentionUnit(4, (8, 6), seed=1, key=0, name="att")
+    unit = blocks.AttentionUnit(4, (8, 6), seed=1, key=0, name="att")
     unit.bias.assign([0.1 * i - 0.3 for i in range(8)])
-    pooled, weights = layers.attention_pool(unit, q, keys, mask, F32, normalize=normalize)
+    pooled, weights = blocks.attention_pool(unit, q, keys, mask, F32, normalize=normalize)
     scores = np_scores(unit, q, keys)
     expected_w = np.zeros_like(scores)
     for b in range(len(q)):
@@ -63,7 +63,7 @@ def test_attention_pool_matches_numpy_and_ignores_padding(data, normalize):
                                rtol=1e-5, atol=1e-6)
     # Appending padding (arbitrary values, mask 0) changes nothing.
     junk = np.random.default_rng(9).standard_normal((3, 5, 4)).astype(np.float32) * 100
-    padded, _ = layers.attention_pool(unit, q, np.concatenate([keys, junk], 1),
+    padded, _ = blocks.attention_pool(unit, q, np.concatenate([keys, junk], 1),
                                       np.concatenate([mask, np.zeros((3, 5), np.float32)], 1),
                                       F32, normalize=normalize)
     np.testing.assert_allclose(padded.numpy(), pooled.numpy(), rtol=1e-6, atol=1e-6)
@@ -93,7 +93,7 @@ def np_gru(gru, x, mask, attention=None):
 def test_gru_and_augru_match_numpy(data, augru):
     _, x, mask = data
     mask = np.array([[1] * 6, [0, 0, 1, 1, 1, 1], [0] * 6], np.float32)
-    gru = layers.GRU(4, 5, seed=2, key=0, name="gru")
+    gru = blocks.GRU(4, 5, seed=2, key=0, name="gru")
     gru.bias.assign(np.random.default_rng(1).standard_normal(15).astype(np.float32))
     att = np.random.default_rng(4).random((3, 6)).astype(np.float32) if augru else None
     got = gru(tf.constant(x), tf.constant(mask), F32,
@@ -112,7 +112,7 @@ def test_auxiliary_loss_matches_numpy():
     neg = rng.standard_normal((B, S, W)).astype(np.float32)
     mask = np.array([[1] * 5, [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]], np.float32)
     mlp = MLP(H + W, (6, 1), False, seed=3, key=0, name="aux")
-    got = layers.auxiliary_loss(mlp, states, pos, neg, mask, F32).numpy()
+    got = blocks.auxiliary_loss(mlp, states, pos, neg, mask, F32).numpy()
     expected = []
     for b in range(B):
         terms = []
@@ -139,7 +139,7 @@ def np_masked_softmax(scores, mask):
 
 def test_dot_attention_pool_is_a_masked_softmax_of_dot_products(data):
     q, keys, mask = data
-    pooled, weights = layers.attention_pool(layers.dot_product, q, keys, mask, F32,
+    pooled, weights = blocks.attention_pool(blocks.dot_product, q, keys, mask, F32,
                                             normalize=True)
     dots = np.array([[q[b] @ k for k in keys[b]] for b in range(len(q))])
     expected_w = np_masked_softmax(dots, mask)
@@ -148,7 +148,7 @@ def test_dot_attention_pool_is_a_masked_softmax_of_dot_products(data):
                                rtol=1e-5, atol=1e-6)
     assert np.all(pooled.numpy()[2] == 0)  # a row of padding only pools to zero
     # float16 (GPU --amp): a row of padding only must not give NaN.
-    _, half = layers.attention_pool(layers.dot_product, tf.constant(q, tf.float16),
+    _, half = blocks.attention_pool(blocks.dot_product, tf.constant(q, tf.float16),
                                     tf.constant(keys, tf.float16), tf.constant(mask, tf.float16),
                                     tf.float16, normalize=True)
     np.testing.assert_allclose(half.numpy().astype(np.float32), expected_w, atol=2e-3)
@@ -177,7 +177,7 @@ def test_dot_attention_pool_gradient_matches_numpy_differences(data):
     tq, tk = tf.constant(q), tf.constant(keys)
     with tf.GradientTape() as tape:
         tape.watch([tq, tk])
-        pooled, weights = layers.attention_pool(layers.dot_product, tq, tk, tf.constant(mask),
+        pooled, weights = blocks.attention_pool(blocks.dot_product, tq, tk, tf.constant(mask),
                                                 tf.float64, normalize=True)
         loss = tf.reduce_sum(pooled * g) + tf.reduce_sum(weights * h)
     d_q, d_keys = tape.gradient(loss, [tq, tk])
@@ -204,7 +204,7 @@ def test_top_k_selection_matches_numpy():
     mask[1, 2:] = 0
     weights = np_masked_softmax(scores, mask).astype(np.float32)
     k = 4
-    indices, selected_mask = layers.top_k_selection(tf.constant(weights), k)
+    indices, selected_mask = blocks.top_k_selection(tf.constant(weights), k)
     expected_indices, expected_mask = np_top_k(weights, k)
     valid = expected_mask > 0  # where the weights are 0 any order is the reference's
     np.testing.assert_array_equal(np.where(valid, indices.numpy(), -1),
@@ -215,7 +215,7 @@ def test_top_k_selection_matches_numpy():
 
 def test_masked_mean_plus_one_matches_numpy(data):
     _, keys, mask = data
-    got = layers.masked_mean_plus_one(keys, mask).numpy()
+    got = blocks.masked_mean_plus_one(keys, mask).numpy()
     expected = (keys * mask[:, :, None]).sum(1) / (mask.sum(1) + 1)[:, None]
     np.testing.assert_allclose(got, expected, rtol=1e-6)
 

@@ -17,7 +17,7 @@ HISTORY = 4
 @pytest.fixture(scope="module")
 def spark():
     require_or_skip(shutil.which("java") is not None, "Spark needs a Java runtime")
-    from preproc.prepare_dataset import start_spark
+    from core.spark import start_spark
     from sim.preproc.prepare_dataset import spark_conf
     session = start_spark(spark_conf("local[2]", shuffle_partitions=2))
     yield session
@@ -103,11 +103,12 @@ def check_written_dataset(spec, rows, out, sequences, item_cat):
     """What the writer makes of the rows is a SIM dataset: spec valid for the SIM contract,
     test rows = each kept user's last interaction (positive then negative), histories as in
     pandas, left-padded with 0 to the spec's length (NVIDIA's layout)."""
-    from datasets import open_reader
-    from sim.data import load_spec
+    from core.columnar import open_reader
+    from core.sources import load_spec
+    from sim.contract import SIM_CONTRACT
     from sim.preproc.prepare_dataset import write
     write(spec, rows, out)
-    spec = load_spec(out, "feature_spec.yaml")
+    spec = load_spec(out, SIM_CONTRACT)
     assert spec.metadata["rows"] == {
         "train": 2 * sum(len(s) - 1 for s in sequences.values()), "test": 2 * len(sequences)}
     test = open_reader(spec, "test", 1000).get(0)

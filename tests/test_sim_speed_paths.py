@@ -5,7 +5,7 @@ each epoch's order, reading each once; the BYO parquet writer's rows come back t
 import numpy as np
 import pytest
 
-import runtime
+from core import runtime
 
 runtime.configure()
 import tensorflow as tf  # noqa: E402
@@ -82,12 +82,14 @@ def test_prediction_lookup_gathers_plainly_and_predicts_the_same(model_type):
 
 
 def test_cached_step_batches_equal_read_batches_and_are_read_once(tmp_path):
-    from dataloader import DictPipeline, MappedPipeline
-    from distributed import make_communicator
-    from sim.data import load_spec, open_mapping
+    from core.pipelines import DictPipeline, MappedPipeline
+    from core.parallel.comm import make_communicator
+    from core.sources import load_spec
+    from sim.contract import SIM_CONTRACT
+    from sim.data import open_mapping
     from sim.synthetic import write
     write(str(tmp_path / "d"), users=60, items=30, categories=4, history_length=95, seed=1)
-    spec = load_spec(str(tmp_path / "d"), "feature_spec.yaml")
+    spec = load_spec(str(tmp_path / "d"), SIM_CONTRACT)
     comm = make_communicator()
     plain, counted = (open_mapping(spec, "train", 16, comm) for _ in range(2))
     for reader in (plain, counted):  # a new order every epoch: the cache must follow it
@@ -108,8 +110,10 @@ def test_cached_step_batches_equal_read_batches_and_are_read_once(tmp_path):
 
 
 def test_byo_parquet_rows_come_back_through_the_tfrecord_tool(tmp_path):
-    from distributed import make_communicator
-    from sim.data import load_spec, open_mapping
+    from core.parallel.comm import make_communicator
+    from core.sources import load_spec
+    from sim.contract import SIM_CONTRACT
+    from sim.data import open_mapping
     from sim.preproc.parquet_to_tfrecord import main as to_tfrecord
     from sim.synthetic import generate, write_byo_parquet
     rows = write_byo_parquet(str(tmp_path / "byo"), users=50, items=40, categories=5,
@@ -117,7 +121,7 @@ def test_byo_parquet_rows_come_back_through_the_tfrecord_tool(tmp_path):
     assert rows == 50
     assert to_tfrecord(["--amazon_dataset_path", str(tmp_path / "byo"), "--tfrecord_output_dir",
                         str(tmp_path / "tf"), "--max_seq_len", "95"]) in (0, None)
-    spec = load_spec(str(tmp_path / "tf"), "feature_spec.yaml")
+    spec = load_spec(str(tmp_path / "tf"), SIM_CONTRACT)
     expected = generate(50, 40, 5, 95, "long", 2)
     for mapping in ("train", "test"):
         reader = open_mapping(spec, mapping, 1000, make_communicator())
@@ -133,12 +137,12 @@ def test_byo_parquet_rows_come_back_through_the_tfrecord_tool(tmp_path):
 def test_attention_over_long_sequences_uses_per_row_kernels_with_the_same_scores():
     """S >= PER_ROW_MIN_STEPS takes the per-row-kernel path; the scores are DIN's MLP on
     [q, k, q-k, q*k] (numpy, written out) all the same."""
-    from sim import layers
+    from sim import blocks
     from test_sim_layers import np_scores
     rng = np.random.default_rng(5)
     B, W = 3, 4
-    S = layers.AttentionUnit.PER_ROW_MIN_STEPS + 3
-    unit = layers.AttentionUnit(W, (6, 5), seed=1, key=0, name="long_att")
+    S = blocks.AttentionUnit.PER_ROW_MIN_STEPS + 3
+    unit = blocks.AttentionUnit(W, (6, 5), seed=1, key=0, name="long_att")
     q = rng.normal(size=(B, W)).astype(np.float32)
     keys = rng.normal(size=(B, S, W)).astype(np.float32)
     got = unit(tf.constant(q), tf.constant(keys), tf.float32).numpy()

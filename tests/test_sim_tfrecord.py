@@ -97,9 +97,11 @@ def _write(directory, name, records):
 
 def read_all(directory, mapping, batch_size, **kwargs):
     """Every batch of a mapping through SimBatches, concatenated, and the batch sizes."""
-    from distributed import make_communicator
-    from sim.data import load_spec, open_mapping
-    spec = load_spec(directory, "feature_spec.yaml")
+    from core.parallel.comm import make_communicator
+    from core.sources import load_spec
+    from sim.contract import SIM_CONTRACT
+    from sim.data import open_mapping
+    spec = load_spec(directory, SIM_CONTRACT)
     reader = open_mapping(spec, mapping, batch_size, make_communicator(), **kwargs)
     batches = [reader.get(i) for i in range(len(reader))]
     return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}, \
@@ -124,7 +126,7 @@ def test_main_trains_on_prebatched_reference_files(tmp_path, model_type):
     """sim.main on the reference's prebatched layout (spec without a prebatch size): every
     training row read once per epoch, every test row evaluated."""
     from test_sim_training import SMALL, run_main
-    from dllog import read_log
+    from core.dllog import read_log
     rows = reference_rows(37)
     data = write_reference_layout(tmp_path / "d", {"train": rows, "test": reference_rows(21)},
                                   8)
@@ -137,7 +139,7 @@ def test_main_trains_on_prebatched_reference_files(tmp_path, model_type):
 
 
 def test_prebatch_size_from_flag_must_match_the_data(tmp_path):
-    from datasets import DatasetError
+    from core.sources import DatasetError
     rows = reference_rows(20)
     data = write_reference_layout(tmp_path / "d", {"train": rows, "test": rows}, 8)
     got, _ = read_all(data, "train", 5, prebatch=8)
@@ -148,11 +150,12 @@ def test_prebatch_size_from_flag_must_match_the_data(tmp_path):
 
 
 def test_two_ranks_read_every_prebatched_row_once(tmp_path):
-    from datasets import open_reader
-    from sim.data import load_spec
+    from core.columnar import open_reader
+    from core.sources import load_spec
+    from sim.contract import SIM_CONTRACT
     rows = reference_rows(29)
     data = write_reference_layout(tmp_path / "d", {"train": rows, "test": rows}, 4)
-    spec = load_spec(data, "feature_spec.yaml")
+    spec = load_spec(data, SIM_CONTRACT)
     seen = []
     for rank in range(2):
         reader = open_reader(spec, "train", 6, rank=rank, world_size=2)

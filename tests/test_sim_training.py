@@ -41,7 +41,7 @@ def run_main(args):
 
 def train(dataset, results, *extra):
     run_main(["--dataset_dir", dataset, "--results_dir", str(results)] + SMALL + list(extra))
-    from dllog import read_log
+    from core.dllog import read_log
     return read_log(os.path.join(str(results), "log.json"))
 
 
@@ -110,7 +110,7 @@ def test_two_horovod_processes_make_the_one_process_update(data, tmp_path):
            "sim.main", "--results_dir", str(tmp_path / "two")] + args
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
-    from dllog import read_log
+    from core.dllog import read_log
     two = read_log(str(tmp_path / "two" / "log.json"))
     assert len(step_losses(one)) == 4
     np.testing.assert_allclose(step_losses(two), step_losses(one), rtol=0, atol=1e-5)
@@ -120,13 +120,15 @@ def test_two_horovod_processes_make_the_one_process_update(data, tmp_path):
 def test_evaluation_metrics_match_scikit_learn(data):
     from sklearn.metrics import log_loss, roc_auc_score
 
-    from dataloader import DictPipeline
-    from distributed import make_communicator
-    from sim.data import load_spec, model_shape, open_mapping
+    from core.pipelines import DictPipeline
+    from core.parallel.comm import make_communicator
+    from core.sources import load_spec
+    from sim.contract import SIM_CONTRACT
+    from sim.data import model_shape, open_mapping
     from sim.model import SimConfig, SimModel
     from sim.trainer import SimTrainer, step_batch
     from training import loop
-    spec = load_spec(data["tiny"], "feature_spec.yaml")
+    spec = load_spec(data["tiny"], SIM_CONTRACT)
     comm = make_communicator()
     trainer = SimTrainer(SimModel(SimConfig(**model_shape(spec), stage_one_mlp_dims=(8,),
                                             stage_two_mlp_dims=(8,), aux_mlp_dims=(8,))), comm)
@@ -151,9 +153,10 @@ def test_inference_benchmark_and_export(data, tmp_path):
     assert final["p90_inference_latency"] <= final["p99_inference_latency"]
     import tensorflow as tf
 
-    from datasets import open_reader
-    from sim.data import load_spec
-    spec = load_spec(data["tiny"], "feature_spec.yaml")
+    from core.columnar import open_reader
+    from core.sources import load_spec
+    from sim.contract import SIM_CONTRACT
+    spec = load_spec(data["tiny"], SIM_CONTRACT)
     batch = open_reader(spec, "test", 10).get(0)
     serve = tf.saved_model.load(export).signatures["serving_default"]
     names = serve.structured_input_signature[1]

@@ -21,7 +21,8 @@ def test_building_a_2gb_table_peaks_below_1_3x_its_size():
     out = run("""
 import json, resource
 import numpy as np, psutil, tensorflow as tf
-from embedding import EmbeddingLayer, make_plan
+from core.parallel.placement import make_plan
+from embedding import EmbeddingLayer
 rows, dim = 4_194_304, 128                       # 2 GiB of float32
 tf.zeros([1])                                    # TensorFlow's own start-up is not counted
 before = psutil.Process().memory_info().rss
@@ -44,16 +45,16 @@ import json
 import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from embedding import make_plan
-from lr_scheduler import LearningRateSchedule
+from core.parallel.placement import make_plan
+from core.optimizers import LearningRateSchedule
 from model import DLRM, ModelConfig
-from trainer import Trainer
+from trainer import DlrmTrainer
 config = ModelConfig(num_numerical=3, cardinalities=(300, 7), embedding_dim=4,
                      bottom_mlp_dims=(4,), top_mlp_dims=(4, 1))
 with tf.device("/CPU:1"):  # stands for the GPU; tables go to host memory (CPU:0): table 0
                           # offloaded, table 1 placed by default (this machine has no GPU)
     model = DLRM(config, make_plan(config.cardinalities, 4), offload_threshold_bytes=1000)
-    trainer = Trainer(model, "adam", LearningRateSchedule(0.1, 0, 0, 0))
+    trainer = DlrmTrainer(model, "adam", LearningRateSchedule(0.1, 0, 0, 0))
 named = dict(trainer.dense_vars)
 named.update({f"table/{i}": var for i, (_, var) in enumerate(trainer.table_pairs)})
 pairs = [(var.device, slot.device) for name, var in named.items()

@@ -4,11 +4,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from embedding import make_plan
-from loss_scale import DynamicLossScale, StaticLossScale
-from lr_scheduler import LearningRateSchedule
+from core.parallel.placement import make_plan
+from training.loss_scale import DynamicLossScale, StaticLossScale
+from core.optimizers import LearningRateSchedule
 from model import DLRM, ModelConfig
-from trainer import Trainer, TrainingDivergedError
+from trainer import DlrmTrainer
+from training import TrainingDivergedError
 
 CARDINALITIES = (20, 30)
 
@@ -17,7 +18,7 @@ def tiny_trainer(learning_rate, **kwargs):
     config = ModelConfig(num_numerical=3, cardinalities=CARDINALITIES, embedding_dim=4,
                          bottom_mlp_dims=(8, 4), top_mlp_dims=(6, 1), seed=1)
     model = DLRM(config, make_plan(CARDINALITIES, 4))
-    return Trainer(model, "sgd", LearningRateSchedule(learning_rate, 0, 10**6, 0), **kwargs)
+    return DlrmTrainer(model, "sgd", LearningRateSchedule(learning_rate, 0, 10**6, 0), **kwargs)
 
 
 def batch(seed, rows=16):
@@ -84,7 +85,7 @@ def test_given_loss_scale_stays_static():
 
 
 def test_dynamic_loss_scale_is_checkpointed_and_resumed(tmp_path):
-    import checkpoint
+    from training import checkpoint
     trainer = tiny_trainer(0.1, amp=True, compute_dtype=tf.float16)
     trainer.loss_scale.scale.assign(512.0)
     trainer.loss_scale.clean_steps.assign(7)
@@ -114,7 +115,7 @@ def test_step_collectives_are_a_function_of_the_plan():
     assert plan.replicated == (3, 4) and plan.pieces_on(0) != plan.pieces_on(1)
     config = ModelConfig(num_numerical=3, cardinalities=cards, embedding_dim=4,
                          bottom_mlp_dims=(8, 4), top_mlp_dims=(6, 1), seed=1)
-    names = [Trainer(DLRM(config, plan, RankOf(r)), "sgd",
+    names = [DlrmTrainer(DLRM(config, plan, RankOf(r)), "sgd",
                      LearningRateSchedule(0.1, 0, 10, 0)).step_collectives() for r in (0, 1)]
     assert names[0] == names[1]
     assert names[0][:2] == ["embedding_alltoall", "embedding_alltoall_grad"]

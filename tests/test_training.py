@@ -8,7 +8,7 @@ import sys
 import numpy as np
 import pytest
 
-from dllog import read_log
+from core.dllog import read_log
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SMALL = ["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", "200,500,50,1000",
@@ -197,7 +197,7 @@ def test_amp_and_xla_train(tmp_path):
 
 def test_training_on_split_binary_files_and_plot(tmp_path):
     from datasets import SplitBinaryWriter, SyntheticSource
-    from feature_spec import FeatureSpec
+    from core.feature_spec import FeatureSpec
     spec = FeatureSpec.get_default(5, [200, 500, 50, 1000])
     data = tmp_path / "data"
     with SplitBinaryWriter(str(data), spec) as writer:
@@ -218,7 +218,7 @@ def test_training_on_split_binary_files_and_plot(tmp_path):
     assert metrics["auc"] > 0.75
     assert max(step_losses(log)) == 12000 // 250
     png = tmp_path / "curves.png"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "plot_log.py"), str(log), "--out",
-                           str(png)], capture_output=True, text=True)
+    proc = subprocess.run([sys.executable, "-m", "core.plot_log", str(log), "--out",
+                           str(png)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000

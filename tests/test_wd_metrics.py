@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from metrics import mean_average_precision_at_k
+from training.metrics import mean_average_precision_at_k
 
 
 def reference_map(groups, labels, scores, k=12):

@@ -2,12 +2,12 @@
 import numpy as np
 import pytest
 
-import runtime
+from core import runtime
 
 runtime.configure()
 import tensorflow as tf  # noqa: E402
 
-from optimizers import FTRL, RMSProp  # noqa: E402
+from core.optimizers import FTRL, RMSProp  # noqa: E402
 from wide_and_deep.model import Table, WideDeepConfig, WideDeepModel  # noqa: E402
 
 TABLES = (Table("a", 7, 3), Table("b", 5, 2), Table("m", 6, 4, hotness=3))
@@ -94,7 +94,7 @@ def test_projected_tables_give_the_concatenated_layer_and_gradients(combiner, nu
         config = WideDeepConfig(TABLES, numerical, hidden_units=(8, 4), combiner=combiner,
                                 project_max_rows=project_max_rows)
         model = WideDeepModel(config, seed=3)
-        variables = model.table_variables() + model.dense_variables()
+        variables = list(model.tables().values()) + list(model.dense_variables().values())
         with tf.GradientTape() as tape:
             logits = model(batch)
             loss = tf.reduce_sum(logits * tf.range(9, dtype=tf.float32))

@@ -137,14 +137,14 @@ def prepared(tmp_path_factory):
 
 
 def read_output(out):
-    from feature_spec import FeatureSpec
+    from core.feature_spec import FeatureSpec
     spec = FeatureSpec.from_yaml(os.path.join(out, "feature_spec.yaml"))
     return spec, {m: pd.read_parquet(os.path.join(out, m)).reset_index(drop=True)
                   for m in ("train", "test")}
 
 
 def test_every_column_matches_pandas(prepared):
-    from feature_spec import FeatureSpec
+    from core.feature_spec import FeatureSpec
     from wide_and_deep.contract import WIDE_DEEP_CONTRACT
     raw, out = prepared
     want, cards = expected(raw)

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from dllog import read_log
+from core.dllog import read_log
 from wide_and_deep.main import main, parse_args
 
 CARD, HOT = 12, 3

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import ROOT, require_or_skip
-from dllog import read_log
+from core.dllog import read_log
 from wide_and_deep import generate_feature_spec, synthetic
 from wide_and_deep.main import main
 

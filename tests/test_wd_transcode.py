@@ -12,8 +12,8 @@ import yaml
 import gen_csv
 import gen_embedding_sizes
 import transcode
-from datasets import open_reader
-from feature_spec import FeatureSpec
+from core.columnar import open_reader
+from core.feature_spec import FeatureSpec
 
 ONEHOT = {"ad": 50, "doc": 7}
 MULTIHOT = {"topics": (30, 3), "entities": (9, 2)}

@@ -30,7 +30,7 @@ $PY main.py $MODEL --mode eval --restore_checkpoint_path "$OUT/checkpoint" \
     --log_path "$OUT/eval_log.json"
 
 echo "== 5/5 training curves"
-$PY plot_log.py "$OUT/train_log.json" --out "$OUT/curves.png"
+$PY -m core.plot_log "$OUT/train_log.json" --out "$OUT/curves.png"
 
 $PY - "$OUT" <<'PYEOF'
 import sys

@@ -21,7 +21,7 @@ STAMP="$VENV/.setup-stamp"
 # the project's CPU kernels (ops/*.cc -> build/), rebuilt whenever their source changed
 # (absent in a docker layer that holds only this script: the Dockerfile builds them later)
 build_ops() {
-  [ ! -f fused_ops.py ] || TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/python" -m fused_ops --build
+  [ ! -f core/fused_ops.py ] || TF_CPP_MIN_LOG_LEVEL=2 "$VENV/bin/python" -m core.fused_ops --build
 }
 if [ -f "$STAMP" ] && [ "$(cat "$STAMP")" = "$(stamp_of)" ]; then
   build_ops

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from loss_scale import make_loss_scale
+from training.loss_scale import make_loss_scale
 
 
 class TrainingDivergedError(ValueError):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from datasets import StagedDirectory
+from core.files import StagedDirectory
 
 
 class ServingModel(tf.Module):

@@ -19,11 +19,17 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data_parallel import gather_to_root
-from metrics import log_loss, mean_average_precision_at_k, roc_auc
-from progress import Progress, StepTimer
+from training.metrics import log_loss, mean_average_precision_at_k, roc_auc
+from training.progress import Progress, StepTimer
 
 MAP_AT = 12
+
+
+def gather_to_root(comm, array: np.ndarray):
+    """Every rank's rows concatenated in rank order on rank 0 (None elsewhere); only rank 0
+    holds them, so evaluation memory per rank does not grow with the world size."""
+    gathered = comm.gather_to_root(np.asarray(array))
+    return np.asarray(gathered) if comm.rank == 0 else None
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,10 @@
 """SavedModel for serving: raw features in (one-hot ids [n], multi-hot ids [n, d] with
-`<name>__length` [n], numerical [n]), click probabilities out (training/export.py stages it)."""
+`<name>__length` [n], numerical [n]), click probabilities out (training/export.py writes it)."""
 from __future__ import annotations
 
 import tensorflow as tf
 
-from datasets import length_key
-from training.export import export_saved_model as export_staged
+from core.sources import length_key
 
 
 def serving_signature(config) -> dict:
@@ -21,6 +20,6 @@ def serving_signature(config) -> dict:
     return spec
 
 
-def export_saved_model(model, output_path: str) -> None:
-    export_staged(model, lambda features: tf.sigmoid(model(features)),
-                  [serving_signature(model.config)], output_path, "wide_deep_serving")
+def serving(model) -> tuple:
+    """(probabilities function, input signature) for training.export.export_saved_model."""
+    return (lambda features: tf.sigmoid(model(features))), [serving_signature(model.config)]

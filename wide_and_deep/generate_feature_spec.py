@@ -10,9 +10,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import run_cli
-from feature_spec import FeatureSpecError
-from wide_and_deep.spec import build_spec, reference_spec
+from core.cli import run_cli
+from core.feature_spec import FeatureSpecError
+from wide_and_deep.contract import build_spec, reference_spec
 
 
 def parse_shapes(text: str, flag: str, prefix: str) -> list:

@@ -11,8 +11,8 @@ import argparse
 import os
 import sys
 
-import runtime
-from cli import run_cli
+from core import runtime
+from core.cli import run_cli
 
 
 AFFINITIES = ("all", "single", "single_unique", "unique_interleaved", "unique_contiguous",
@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     if args.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
     runtime.configure()
-    from dataloader import reader_errors_surfaced
+    from core.pipelines import reader_errors_surfaced
     from wide_and_deep.run import Run
 
     def work():  # FeatureSpecError, DatasetError, CheckpointError are ValueErrors

@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
-from dropout import bias_relu_dropout
-from layers import table_variable
-from initializers import bias_normal, glorot_normal
+from core.dropout import bias_relu_dropout
+from core.layers import table_variable
+from core.initializers import bias_normal, glorot_normal
 from wide_and_deep.contract import MULTIHOT_CHANNEL, ONEHOT_CHANNEL
-from datasets import length_key
+from core.sources import length_key
 
 COMBINERS = ("sum", "mean")
 # Tables of at most this many rows enter the first layer projected: the rows a batch uses are
@@ -121,12 +121,16 @@ class WideDeepModel(tf.Module):
             out[f"deep/kernel_{i}"], out[f"deep/bias_{i}"] = k, b
         return out
 
-    def table_variables(self) -> list:
-        return list(self.wide_tables.values()) + list(self.deep_tables.values())
+    def tables(self) -> dict:
+        """Every table by checkpoint name."""
+        return {**{f"wide/{n}": v for n, v in self.wide_tables.items()},
+                **{f"deep/{n}": v for n, v in self.deep_tables.items()}}
 
-    def dense_variables(self) -> list:
-        wide = [self.wide_bias] + ([] if self.wide_numerical is None else [self.wide_numerical])
-        return wide + self.kernels + self.biases
+    def dense_variables(self) -> dict:
+        """Every variable that is not a table, by checkpoint name."""
+        tables = {v.ref() for v in self.tables().values()}
+        return {n: v for n, v in {**self.wide_variables(), **self.deep_variables()}.items()
+                if v.ref() not in tables}
 
     # ---- forward -----------------------------------------------------------------------
     def lookup(self, batch: dict):

@@ -4,30 +4,28 @@ from __future__ import annotations
 
 import os
 
-import checkpoint
-from dataloader import DictPipeline
-from datasets import open_reader, parquet_dtypes
-from distributed import make_communicator
-from dllog import DLLogger
-from feature_spec import FeatureSpec, with_dtypes
-from lr_scheduler import LearningRateSchedule
-from training import loop
-from training.state import arrays
+from core import plot_log
+from core.dllog import DLLogger
+from core.optimizers import LearningRateSchedule
+from core.parallel.comm import make_communicator
+from core.pipelines import DictPipeline
+from core.columnar import open_reader
+from core.sources import load_spec
+from training import checkpoint, loop
+from training.export import export_saved_model
+from wide_and_deep import export
 from wide_and_deep.contract import (MAP_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL,
-                                    WIDE_DEEP_CONTRACT)
+                                    WIDE_DEEP_CONTRACT, embedding_dims)
 from wide_and_deep.model import (PROJECT_MAX_ROWS, WideDeepConfig, WideDeepModel,
                                  parameter_count)
-from wide_and_deep.spec import embedding_dims
 from wide_and_deep.trainer import WideDeepTrainer
 
 
 class Run:
     def __init__(self, args):
         self.args = args
-        spec = FeatureSpec.from_yaml(os.path.join(args.dataset_path, args.fspec_file))
         # NVIDIA's specs carry no dtypes: the parquet schema (or a default) gives them
-        self.spec = with_dtypes(spec, WIDE_DEEP_CONTRACT, parquet_dtypes(spec))
-        self.spec.validate(WIDE_DEEP_CONTRACT)
+        self.spec = load_spec(args.dataset_path, WIDE_DEEP_CONTRACT, args.fspec_file)
         self.comm = make_communicator()
         self.logger = DLLogger(os.path.join(args.results_dir, args.log_filename),
                                enabled=self.comm.rank == 0)
@@ -72,15 +70,15 @@ class Run:
         return loop.evaluate(self.trainer, self.eval_pipe.epoch(), groups)
 
     def _save(self, position: dict) -> str:
-        checkpoint.save_arrays(self.checkpoint_path, arrays(self.trainer.named_state()),
-                               position, self.comm)
+        checkpoint.save_replica(self.checkpoint_path, self.trainer.named_state(), self.comm,
+                                position)
         return self.checkpoint_path
 
     def _restore(self) -> dict:
-        saved, meta = checkpoint.load_arrays(self.checkpoint_path)
-        checkpoint.assign_arrays(self.trainer.named_state(), saved, self.checkpoint_path)
-        self.logger.print(f"restored {self.checkpoint_path} (epoch {meta['epoch']})")
-        return meta
+        state = self.trainer.named_state()
+        position = checkpoint.restore_replica(self.checkpoint_path, state, state)
+        self.logger.print(f"restored {self.checkpoint_path} (epoch {position['epoch']})")
+        return position
 
     def _loop_config(self) -> loop.LoopConfig:
         args = self.args
@@ -113,10 +111,9 @@ class Run:
     def _export(self) -> None:
         if self.comm.rank != 0:
             return
-        from plot_log import plot
-        from wide_and_deep.export import export_saved_model
-        export_saved_model(self.model, os.path.join(self.args.model_dir, "saved_model"))
+        export_saved_model(self.model, *export.serving(self.model),
+                           os.path.join(self.args.model_dir, "saved_model"), "wide_deep_serving")
         log = os.path.join(self.args.results_dir, self.args.log_filename)
-        plot(log, os.path.join(self.args.results_dir, "curves.png"))
+        plot_log.plot(log, os.path.join(self.args.results_dir, "curves.png"))
         self.logger.print(f"exported {self.args.model_dir}/saved_model, plotted "
                           f"{self.args.results_dir}/curves.png")

@@ -21,12 +21,11 @@ import sys
 
 import numpy as np
 
-from cli import run_cli
-from datasets import write_columns
-from feature_spec import FeatureSpec
-from wide_and_deep.contract import (MAP_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL,
-                                    WIDE_DEEP_CONTRACT)
-from wide_and_deep.spec import DISPLAY_ID, REQUEST_FEATURES_KEY
+from core.cli import run_cli
+from core.columnar import write_columns
+from core.feature_spec import FeatureSpec
+from wide_and_deep.contract import (DISPLAY_ID, MAP_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL,
+                                    REQUEST_FEATURES_KEY, WIDE_DEEP_CONTRACT)
 
 MIN_ADS, MAX_ADS = 2, 12
 

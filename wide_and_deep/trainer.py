@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from dataloader import DictPipeline
-from optimizers import FTRL, RMSProp
+from core.pipelines import DictPipeline
+from core.optimizers import FTRL, RMSProp
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
 from training.engine import mean_share
-from training.state import with_slots
+from training.checkpoint import with_slots
 
 # The reference's RMSProp decay for the deep part.
 DEEP_RHO = 0.5
@@ -22,10 +22,8 @@ class WideDeepTask:
 
     def __init__(self, model, comm, label: str, seed: int):
         self.model, self.comm, self.label_feature, self.seed = model, comm, label, seed
-        named = {**model.wide_variables(), **model.deep_variables()}
-        tables = {v.ref() for v in model.table_variables()}
-        self.dense_variables = {n: v for n, v in named.items() if v.ref() not in tables}
-        self.tables = [TableGradient(n, v, True) for n, v in named.items() if v.ref() in tables]
+        self.dense_variables = model.dense_variables()
+        self.tables = [TableGradient(n, v, True) for n, v in model.tables().items()]
 
     def lookup(self, batch):
         wide_terms, embeddings, layout = self.model.lookup(batch)

@@ -27,11 +27,11 @@ import sys
 
 import numpy as np
 
-import runtime
-from cli import run_cli
-from feature_spec import FeatureSpec
-from sim.contract import NEGATIVE_CHANNEL, POSITIVE_CHANNEL, TARGET_CHANNEL, USER_CHANNEL
-from sim.schema import left_padded
+from core import runtime
+from core.cli import run_cli
+from core.feature_spec import FeatureSpec
+from sim.contract import (NEGATIVE_CHANNEL, POSITIVE_CHANNEL, TARGET_CHANNEL, USER_CHANNEL,
+                          left_padded)
 
 
 class ParquetInputError(ValueError):
@@ -94,7 +94,7 @@ def read_split(files: list, spec: FeatureSpec) -> dict:
 
 
 def _column(column, name: str, spec: FeatureSpec, path: str, source: str) -> np.ndarray:
-    from datasets import pad_ragged
+    from core.sources import pad_ragged
     where = f"{path}: column {source!r} (feature '{name}')"
     if column.null_count:
         raise ParquetInputError(f"{where} has {column.null_count} missing value(s)")
@@ -132,7 +132,7 @@ def part_bounds(rows: int, parts: int, prebatch: int) -> list:
 
 
 def convert(args) -> FeatureSpec:
-    from datasets import ColumnarWriter
+    from core.columnar import ColumnarWriter
     cards = read_cardinalities(os.path.join(args.amazon_dataset_path, args.metadata_file))
     users = args.number_of_user_features
     if not 0 <= users < len(cards):

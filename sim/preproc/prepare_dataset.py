@@ -21,9 +21,10 @@ import sys
 
 import numpy as np
 
-import runtime
-from cli import run_cli
-from sim import schema
+from core import runtime
+from core.cli import run_cli
+from core.spark import local_conf, start_spark
+from sim import contract
 
 ROWS_PER_FILE = 200_000
 
@@ -68,8 +69,7 @@ def read_categories(spark, path: str):
 def index(values, name: str, start: int = 0):
     """Distinct values of one column -> (value, id) with ids start.. in sorted order. (One
     window over all values: fine for the millions of users and items of Amazon Books.)"""
-    from pyspark.sql import Window
-    from pyspark.sql import functions as fn
+    from pyspark.sql import functions as fn, Window
     ranked = fn.row_number().over(Window.orderBy(name)) + (start - 1)
     return values.select(name).distinct().withColumn(f"{name}_id", ranked.cast("long"))
 
@@ -113,7 +113,7 @@ def build(spark, reviews_path, metadata_path, min_interactions, history_length, 
         return example_module.user_examples(user, ordered, table.value, history_length, seed)
 
     rows = by_user.flatMap(examples).sortBy(lambda e: (e[1][0], e[1][1], -e[1][2]))
-    spec = schema.sim_spec(num_users, num_items, num_categories, history_length,
+    spec = contract.sim_spec(num_users, num_items, num_categories, history_length,
                            {"source": os.path.basename(reviews_path),
                             "min_interactions": min_interactions, "seed": seed})
     return spec, rows
@@ -121,11 +121,11 @@ def build(spark, reviews_path, metadata_path, min_interactions, history_length, 
 
 def write(spec, rows, output_path: str, overwrite: bool = False):
     """Stream (split, row) pairs into TFRecord files, ROWS_PER_FILE rows a part."""
-    from datasets import ColumnarWriter
+    from core.columnar import ColumnarWriter
     writer = ColumnarWriter(output_path, spec, "tfrecord", overwrite=overwrite,
                             ids_from_one=True)
     buffers = {"train": [], "test": []}
-    length = spec.dimension(schema.POSITIVE[0])
+    length = spec.dimension(contract.POSITIVE[0])
     for split, row in rows.toLocalIterator():
         buffers[split].append(row)
         if len(buffers[split]) == ROWS_PER_FILE:
@@ -139,7 +139,7 @@ def write(spec, rows, output_path: str, overwrite: bool = False):
 
 def _columns(rows, history_length: int) -> dict:
     user, _, label, item, cat, hist_items, hist_cats, neg_items, neg_cats = zip(*rows)
-    return schema.columns(user, item, cat, list(hist_items), list(hist_cats), list(neg_items),
+    return contract.columns(user, item, cat, list(hist_items), list(hist_cats), list(neg_items),
                           list(neg_cats), label, history_length)
 
 
@@ -165,15 +165,11 @@ def parse_args(argv):
 
 
 def spark_conf(master, shuffle_partitions: int = 8) -> dict:
-    return {"spark.master": master or "local[*]", "spark.app.name": "sim-preprocessing",
-            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
-            "spark.sql.session.timeZone": "UTC",
-            "spark.sql.shuffle.partitions": str(shuffle_partitions)}
+    return local_conf(master, "sim-preprocessing", shuffle_partitions)
 
 
 def run(args, spark=None):
     if spark is None:
-        from preproc.prepare_dataset import start_spark  # the Criteo pipeline's session setup
         spark = start_spark(spark_conf(args.master))
     spec, rows = build(spark, args.reviews_file, args.metadata_file, args.min_interactions,
                        args.history_length, args.seed)

@@ -16,11 +16,12 @@ import shutil
 import sys
 import time
 
-from cli import run_cli
-from datasets import StagedDirectory
-from feature_spec import FeatureSpec
-from wide_and_deep.spec import (DISPLAY_ID, ITEM_ONEHOT, LABEL, NUMERICAL, REQUEST_MULTIHOT,
-                                REQUEST_ONEHOT, build_spec)
+from core.cli import run_cli
+from core.spark import local_conf, start_spark
+from core.files import StagedDirectory
+from core.feature_spec import FeatureSpec
+from wide_and_deep.contract import (DISPLAY_ID, ITEM_ONEHOT, LABEL, NUMERICAL, REQUEST_MULTIHOT,
+                                    REQUEST_ONEHOT, build_spec)
 
 ONEHOT = REQUEST_ONEHOT + ITEM_ONEHOT
 
@@ -118,13 +119,9 @@ def run(args, spark) -> dict:
     return {"rows": rows, "cardinalities": cardinalities}
 
 
-def start_spark(master: str, partitions: int):
-    from preproc.prepare_dataset import start_spark as start
-    return start({"spark.master": master or "local[*]", "spark.app.name": "outbrain-preproc",
-                  "spark.driver.memory": "2g",
-                  "spark.sql.shuffle.partitions": str(partitions),
-                  "spark.sql.session.timeZone": "UTC", "spark.ui.enabled": "false",
-                  "spark.ui.showConsoleProgress": "false", "spark.sql.ansi.enabled": "false"})
+def spark_conf(master: str, partitions: int) -> dict:
+    return local_conf(master, "outbrain-preproc", partitions, **{
+        "spark.driver.memory": "2g", "spark.sql.ansi.enabled": "false"})
 
 
 def parse_args(argv=None):
@@ -148,7 +145,7 @@ def main(argv=None) -> int:
     def work():
         if not os.path.isdir(args.outbrain_path):
             raise PreprocError(f"--outbrain_path {args.outbrain_path}: no such directory")
-        spark = start_spark(args.master, args.shuffle_partitions)
+        spark = start_spark(spark_conf(args.master, args.shuffle_partitions))
         try:
             run(args, spark)
         finally:

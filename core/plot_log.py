@@ -9,8 +9,8 @@ import argparse
 import os
 import sys
 
-from cli import run_cli
-from dllog import read_log
+from core.cli import run_cli
+from core.dllog import read_log
 
 
 # evaluation metrics drawn when the log has them: key -> (panel title, y label)

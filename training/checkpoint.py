@@ -18,8 +18,7 @@ import os
 
 import numpy as np
 
-from datasets import StagedDirectory
-from feature_spec import atomic_write_text
+from core.files import atomic_write_text, StagedDirectory
 
 FORMAT_VERSION = 1
 ROW_CHUNK = 1 << 16
@@ -219,3 +218,56 @@ def assign_arrays(variables: dict, arrays: dict, path: str) -> None:
                                   f"{tuple(arrays[name].shape)}, the model needs "
                                   f"{tuple(var.shape)}")
         var.assign(np.asarray(arrays[name], dtype=var.dtype.as_numpy_dtype))
+
+
+# A replicated model's training state by name (Wide & Deep, SIM): each variable under its
+# checkpoint name and each optimizer slot as `<name>/<slot>`, for save_arrays / assign_arrays.
+# Every rank holds the same replica, so any world size resumes it.
+def with_slots(variables: dict, optimizer, slot_key=lambda name: name) -> dict:
+    """variables plus optimizer.slots(slot_key(name)) of each, named `<name>/<slot>`."""
+    out = dict(variables)
+    for name in variables:
+        for slot, slot_var in optimizer.slots(slot_key(name)).items():
+            out[f"{name}/{slot}"] = slot_var
+    return out
+
+
+def arrays(named: dict) -> dict:
+    return {name: var.numpy() for name, var in named.items()}
+
+
+def save_replica(path: str, named_state: dict, comm, position: dict, model: dict = None,
+                 optimizer=None) -> None:
+    """A replicated model's checkpoint: named_state (variables and slots by name), the training
+    position, the fields that decide the variables (model) and which optimizer wrote the
+    slots, so a restore can refuse another model and skip another optimizer's slots."""
+    meta = {"position": position}
+    if model is not None:
+        meta["model"] = model
+    if optimizer is not None:
+        iterations = getattr(optimizer, "iterations", None)
+        meta.update(optimizer=type(optimizer).__name__,
+                    optimizer_iterations=int(iterations.numpy()) if iterations is not None else 0)
+    save_arrays(path, arrays(named_state), meta, comm)
+
+
+def restore_replica(path: str, variables: dict, named_state: dict, model: dict = None,
+                    optimizer=None, model_defaults: dict = None) -> dict:
+    """Load a save_replica checkpoint into variables, and the slots of named_state when the
+    same optimizer wrote them; return the saved position. A checkpoint of another model (a
+    field of `model` that differs; model_defaults: fields older checkpoints lack) is an error
+    naming the fields."""
+    saved, meta = load_arrays(path)
+    if model is not None:
+        found = {**(model_defaults or {}), **meta.get("model", {})}
+        odd = [f"{k}: checkpoint {found.get(k)}, now {v}" for k, v in model.items()
+               if found.get(k) != v]
+        if odd:
+            raise CheckpointError(f"checkpoint {path} is another model: {'; '.join(odd)}")
+    state = named_state
+    if optimizer is not None and meta.get("optimizer") != type(optimizer).__name__:
+        state = variables
+    elif optimizer is not None and getattr(optimizer, "iterations", None) is not None:
+        optimizer.iterations.assign(meta["optimizer_iterations"])
+    assign_arrays(state, saved, path)
+    return meta.get("position", meta)  # Wide & Deep's first checkpoints: meta is the position

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import copy
 import os
-import tempfile
 from dataclasses import dataclass, field
 
 import numpy as np
 import yaml
+
+from core.files import atomic_write_text
 
 CATEGORICAL_CHANNEL = "categorical"
 NUMERICAL_CHANNEL = "numerical"
@@ -63,21 +64,6 @@ def narrowest_int_dtype(cardinality: int) -> str:
         if largest_id <= np.iinfo(dtype).max:
             return dtype
     raise FeatureSpecError(f"cardinality {cardinality} does not fit in int64")
-
-
-def atomic_write_text(path: str, text: str) -> None:
-    """Write via a temp file in the same directory and rename, so readers never see half a file."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def _plain(value):
@@ -569,31 +555,3 @@ def _check_feature(spec: "FeatureSpec", name: str, channel: str, rule: ChannelRu
     if rule.shape == "multi" and not width:
         raise FeatureSpecError(f"feature '{name}' of channel '{channel}': {model} needs "
                                f"dimensions [d] or max_hotness d (values per row), found none")
-
-
-def _check_split_binary_chunk(spec: "FeatureSpec", where: str, features: list) -> None:
-    """Split-binary layout: one channel per file, categorical features and the label alone,
-    the numerical block whole and in channel order."""
-    channels = {spec.channel_of(n) for n in features}
-    if len(channels) > 1:
-        raise FeatureSpecError(f"{where}: features {features} mix channels "
-                               f"{sorted(channels)}; each chunk holds one channel")
-    channel = channels.pop()
-    if channel in (CATEGORICAL_CHANNEL, LABEL_CHANNEL) and len(features) != 1:
-        raise FeatureSpecError(f"{where}: a {channel} feature must be alone in its "
-                               f"chunk, found {features}")
-    numerical = spec.channel(NUMERICAL_CHANNEL)
-    if channel == NUMERICAL_CHANNEL and features != numerical:
-        raise FeatureSpecError(f"{where}: all numerical features must be in one chunk "
-                               f"in channel order {numerical}, found {features}")
-
-
-# The split-binary format's layout, which SplitBinaryReader/Writer read and write; DLRM's
-# contract (dlrm_contract.py) is this one.
-SPLIT_BINARY_CONTRACT = ChannelContract(
-    model="the split-binary format", chunk_types=(SPLIT_BINARY,),
-    channels={CATEGORICAL_CHANNEL: ChannelRule("categorical"),
-              NUMERICAL_CHANNEL: ChannelRule("numerical", same_dtype=True),
-              LABEL_CHANNEL: ChannelRule("label", 1, 1, dtypes=LABEL_DTYPES)},
-    required_channels=CHANNELS, nonempty_any=(CATEGORICAL_CHANNEL, NUMERICAL_CHANNEL),
-    check_chunk=_check_split_binary_chunk)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from initializers import bias_normal, embedding_uniform_chunks, glorot_normal
+from core.initializers import bias_normal, embedding_uniform_chunks, glorot_normal
 
 
 class MLP(tf.Module):

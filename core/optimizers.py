@@ -1,10 +1,14 @@
 """Optimizers applied by hand: dense updates for data-parallel variables, sparse (row-wise)
-updates for embedding tables, so a step touches only the looked-up rows of a table."""
+updates for embedding tables, so a step touches only the looked-up rows of a table; and the
+learning-rate schedule (linear warmup, constant, polynomial decay to zero), a pure function
+of the step, so a resumed run needs only the step to continue it."""
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import tensorflow as tf
 
-import fused_ops
+from core import fused_ops
 
 OPTIMIZERS = ("sgd", "adam")
 
@@ -124,13 +128,16 @@ class AdamW(Adam):
         return rows, tf.math.segment_sum(tf.gather(grad.values, order), position)
 
 
-def make_optimizer(name: str, variables: dict):
-    """variables: every trainable variable by checkpoint name (dense and tables)."""
-    if name == "sgd":
+def make_optimizer(name: str, variables: dict, weight_decay: float = None):
+    """variables: every trainable variable by checkpoint name (dense and tables).
+    weight_decay: None where the family has no such flag (DLRM: Adam), else AdamW's decoupled
+    decay (SIM's --weight_decay, which SGD does not take)."""
+    if name == "sgd" and not weight_decay:
         return SGD()
     if name == "adam":
-        return Adam(variables)
-    raise ValueError(f"--optimizer must be one of {OPTIMIZERS}, found '{name}'")
+        return Adam(variables) if weight_decay is None else AdamW(variables, weight_decay)
+    decay = "" if weight_decay is None else f" (sgd without --weight_decay, found {weight_decay})"
+    raise ValueError(f"--optimizer must be one of {OPTIMIZERS}{decay}, found '{name}'")
 
 
 def _unique_rows(grad: tf.IndexedSlices):
@@ -227,3 +234,32 @@ class RMSProp:
 
     def finish_step(self):
         pass
+
+
+@dataclass(frozen=True)
+class LearningRateSchedule:
+    base_learning_rate: float
+    warmup_steps: int = 8000
+    decay_start_step: int = 48000
+    decay_steps: int = 24000
+    decay_power: float = 2.0
+
+    def __post_init__(self):
+        if self.warmup_steps < 0 or self.decay_steps < 0:
+            raise ValueError(f"warmup_steps ({self.warmup_steps}) and decay_steps "
+                             f"({self.decay_steps}) must be >= 0")
+        if self.decay_steps > 0 and self.decay_start_step < self.warmup_steps:
+            raise ValueError(f"decay_start_step ({self.decay_start_step}) must not come before "
+                             f"the end of warmup (warmup_steps={self.warmup_steps})")
+
+    def __call__(self, step: int) -> float:
+        """Learning rate for the update made at `step` (0-based)."""
+        lr = self.base_learning_rate
+        if step < self.warmup_steps:
+            return lr * step / self.warmup_steps
+        if self.decay_steps <= 0 or step < self.decay_start_step:
+            return lr
+        remaining = self.decay_start_step + self.decay_steps - step
+        if remaining <= 0:
+            return 0.0
+        return lr * (remaining / self.decay_steps) ** self.decay_power

@@ -14,7 +14,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from comm import ALLTOALL_NAMES, Communicator
+from core.parallel.comm import ALLTOALL_NAMES, Communicator
 
 # test hook: "RANK:STEP:SECONDS" makes that rank sleep before the collectives of that step
 DELAY_VARIABLE = "DLRM_TEST_DELAY_RANK"

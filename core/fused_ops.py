@@ -1,5 +1,5 @@
 """The project's own CPU kernels (ops/*.cc), compiled against the installed TensorFlow into
-build/ by `python -m fused_ops --build` (tools/setup_env.sh runs it). Where a library is not
+build/ by `python -m core.fused_ops --build` (tools/setup_env.sh runs it). Where a library is not
 built, or a variable lives on a GPU, callers take the TensorFlow-op path, which computes the
 same thing more slowly: `lazy_adam_rows(var)` returns None then.
 """
@@ -13,7 +13,7 @@ import sys
 
 import tensorflow as tf
 
-ROOT = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 SOURCE = os.path.join(ROOT, "ops", "lazy_adam_rows.cc")
 LIBRARY = os.path.join(ROOT, "build", "lazy_adam_rows.so")
 DIGEST = LIBRARY + ".sha1"  # the sha1 of the source the library was built from
@@ -69,7 +69,7 @@ def lazy_adam_rows(var):
 
 
 def main():
-    from cli import run_cli
+    from core.cli import run_cli
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--build", action="store_true",
                    help="compile what is missing or built from another source")

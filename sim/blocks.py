@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from initializers import glorot_normal
-from layers import MLP
+from core.initializers import glorot_normal
+from core.layers import MLP
 
 def apply_mlp(mlp: MLP, x, compute_dtype):
     """The MLP on the last axis of a tensor of any rank (flattened to one matmul)."""

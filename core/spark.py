@@ -1,0 +1,25 @@
+"""Spark sessions for the three preprocessing jobs (Criteo, Outbrain, Amazon Books): one
+place that turns a configuration into a session, and the settings every local job shares."""
+from __future__ import annotations
+
+import os
+
+
+def local_conf(master, app_name: str, shuffle_partitions: int, **extra) -> dict:
+    """A job's configuration: the master URL (default local[*]), no UI or console progress,
+    UTC timestamps, and the job's shuffle partitions; extra: more spark.* keys."""
+    return {"spark.master": master or "local[*]", "spark.app.name": app_name,
+            "spark.ui.enabled": "false", "spark.ui.showConsoleProgress": "false",
+            "spark.sql.session.timeZone": "UTC",
+            "spark.sql.shuffle.partitions": str(shuffle_partitions), **extra}
+
+
+def start_spark(conf: dict):
+    """A session with every key of conf, logging at SPARK_LOG_LEVEL (default WARN)."""
+    from pyspark.sql import SparkSession  # pyspark starts a JVM: only the Spark jobs load it
+    builder = SparkSession.builder
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "WARN"))
+    return spark
