@@ -27,8 +27,10 @@ class BatchPipeline:
         self.source = source
         spec = source.spec
         self.tables = list(source.categorical_indices)
-        self.id_dtypes = [id_dtype(cardinalities[t]) for t in self.tables]
         names = spec.categorical_features
+        # a dynamic table's ids are any int64, whatever its capacity
+        self.id_dtypes = [tf.int64 if spec.dynamic(names[t]) else id_dtype(cardinalities[t])
+                          for t in self.tables]
         numerical = spec.numerical_features
         self.num_numerical = len(numerical)
         self.read_types = ([tf.as_dtype(spec.dtype(numerical[0]) if numerical else np.float16),

@@ -304,7 +304,7 @@ class SplitBinaryWriter(StagedWriter):
                 raise DatasetError(f"categorical feature '{name}': ids must be integers, "
                                    f"found dtype {values.dtype}")
             card = int(spec.feature_spec[name]["cardinality"])
-            if n and (values.min() < 0 or values.max() >= card):
+            if n and not spec.dynamic(name) and (values.min() < 0 or values.max() >= card):
                 raise DatasetError(f"categorical feature '{name}': ids must lie in "
                                    f"[0, {card}), found [{values.min()}, {values.max()}]")
             out.append((path, np.ascontiguousarray(values, dtype=spec.dtype(name))))

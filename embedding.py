@@ -4,8 +4,11 @@ table's lookups to the rank holding the batch rows.
 """
 from __future__ import annotations
 
+from types import MappingProxyType
+
 import tensorflow as tf
 
+from core.dynamic import DynamicTable
 from core.layers import table_variable
 from core.parallel.comm import Communicator
 from core.parallel.placement import BYTES_PER_ELEMENT, PlacementPlan
@@ -19,11 +22,20 @@ class EmbeddingLayer(tf.Module):
     each reaches its table's sparse update without slicing a stacked gradient)."""
 
     def __init__(self, plan: PlacementPlan, comm: Communicator = None, seed: int = 0,
-                 trainable: bool = True, offload_threshold_bytes: int = 0, name="embeddings"):
+                 trainable: bool = True, offload_threshold_bytes: int = 0, dynamic=(),
+                 name="embeddings"):
         """offload_threshold_bytes: tables (pieces) larger than this live in host memory
-        (matters on GPU machines only; 0 keeps every table on the default device)."""
+        (matters on GPU machines only; 0 keeps every table on the default device).
+        dynamic: per table a DynamicSpec (an open-vocabulary table, one process) or None."""
         super().__init__(name=name)
-        self.plan, self.comm = plan, comm or Communicator()
+        self.plan, self.comm, self.seed = plan, comm or Communicator(), seed
+        dynamic = {t: s for t, s in enumerate(dynamic) if s is not None}
+        if dynamic and self.comm.size > 1:
+            raise ValueError(f"dynamic tables {sorted(dynamic)} run in one process for now; "
+                             f"found {self.comm.size} processes")
+        # called with (table variable, rows) when a dynamic table gives rows to new ids: the
+        # optimizer zeroes their slots (DlrmTrainer registers it)
+        self.new_rows_hooks = []
         self.local_pieces = plan.pieces_on(self.comm.rank)
         self.read_tables = plan.tables_read_by(self.comm.rank)
 
@@ -42,6 +54,11 @@ class EmbeddingLayer(tf.Module):
             self.replicated_variables = {
                 t: variable(plan.cardinalities[t], t, 0, plan.dim, f"table_{t}_replicated")
                 for t in plan.replicated}
+            # a list, saved with a SavedModel (which refuses dicts with int keys), and a
+            # read-only view by table id
+            self.dynamic_tables = [DynamicTable(plan.cardinalities[t], s, f"dynamic_{t}")
+                                   for t, s in dynamic.items()]
+            self.dynamic = MappingProxyType(dict(zip(dynamic, self.dynamic_tables)))
 
     def all_variables(self):
         """(description, variable) pairs: model-parallel pieces then replicated tables."""
@@ -52,17 +69,17 @@ class EmbeddingLayer(tf.Module):
         """(start, stop) of this rank's rows within a global batch of `global_rows`."""
         return local_row_bounds(global_rows, self.comm.rank, self.comm.size)
 
-    def __call__(self, categorical, global_rows):
+    def lookup(self, categorical, global_rows, training: bool):
         """categorical: id tensors [B_global] for self.read_tables, in that order;
-        global_rows: B_global (given, since a rank may read no ids at all)."""
-        return self.lookup(categorical, global_rows)[0]
-
-    def lookup(self, categorical, global_rows):
-        """(embedded, extra gradient sources). A training step differentiates `embedded` with
+        global_rows: B_global (given, since a rank may read no ids at all). Returns
+        (embedded, extra gradient sources). A training step differentiates `embedded` with
         respect to the tables and the extra sources: a rank without model-parallel pieces
         must still send the backward all-to-all, so its (empty) all-to-all input is looked
-        up from a zero-width variable, the extra source."""
+        up from a zero-width variable, the extra source. Training lookups of a dynamic table
+        give rows to new ids; other lookups read unknown ids from its rare row."""
         ids = dict(zip(self.read_tables, categorical))
+        for t, table in self.dynamic.items():
+            ids[t] = self._train_rows(t, ids[t]) if training else table.lookup(ids[t])
         vectors, sources = {}, []
         if self.comm.size == 1:
             for p, var in zip(self.local_pieces, self.piece_variables):
@@ -75,6 +92,22 @@ class EmbeddingLayer(tf.Module):
         per_table = [v[0] if len(v) == 1 else tf.concat(v, axis=1)
                      for _, v in sorted(vectors.items())]
         return per_table, sources
+
+    def _train_rows(self, t, ids):
+        """Rows of a dynamic table's ids; rows given to new ids start anew (vector redrawn,
+        optimizer slots zeroed) before this step reads them."""
+        rows, new_rows = self.dynamic[t].train_lookup(ids)
+        var = self.table_variable(t)
+        self.dynamic[t].redraw(var, new_rows, self.seed * 1000 + t)
+        for hook in self.new_rows_hooks:
+            hook(var, new_rows)
+        return rows
+
+    def table_variable(self, t):
+        """The whole table t of a one-process plan."""
+        if t in self.replicated_variables:
+            return self.replicated_variables[t]
+        return next(v for p, v in zip(self.local_pieces, self.piece_variables) if p.table == t)
 
     def _exchange(self, ids, global_batch):
         """Model-parallel lookups for the global batch -> each rank's local rows (all-to-all);

@@ -19,7 +19,8 @@ from absl import app, flags
 import export
 from core.cli import run_cli
 from core.dllog import DLLogger
-from core.feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec, FeatureSpecError
+from core.feature_spec import (TEST_MAPPING, TRAIN_MAPPING, DynamicSpec, FeatureSpec,
+                               FeatureSpecError)
 from core.parallel.comm import make_communicator
 from core.parallel.placement import make_plan
 from core.pipelines import reader_errors_surfaced
@@ -85,6 +86,10 @@ flags.DEFINE_enum("dot_interaction", "auto", ["auto", "custom_cuda", "tensorflow
 flags.DEFINE_integer("seed", 12345, "Seed of initialisation, synthetic data and shuffling")
 flags.DEFINE_bool("shuffle_batch_order", False, "Shuffle the order of training batches "
                   "(seeded per epoch)")
+flags.DEFINE_list("dynamic_features", [], "Categorical features (or 'all') whose tables "
+                  "learn their ids (open vocabulary; the spec's cardinality is the capacity)")
+flags.DEFINE_integer("dynamic_min_count", 1, "--dynamic_features: occurrences before an id "
+                     "gets a row of its own (until then it reads the rare row 0)")
 flags.DEFINE_string("save_checkpoint_path", None, "Save a checkpoint here at the end")
 flags.DEFINE_integer("checkpoint_steps", 0, "Also save every this many steps (0: only at "
                      "the end)")
@@ -148,6 +153,16 @@ def check_flags(world_size: int) -> None:
 
 
 def dataset_spec():
+    """The data's spec, with --dynamic_features turned dynamic."""
+    spec = spec_of_the_data()
+    if not FLAGS.dynamic_features:
+        return spec
+    if FLAGS.dynamic_min_count < 1:
+        raise UsageError(f"--dynamic_min_count must be >= 1, found {FLAGS.dynamic_min_count}")
+    return spec.with_dynamic(FLAGS.dynamic_features, DynamicSpec(FLAGS.dynamic_min_count))
+
+
+def spec_of_the_data():
     if FLAGS.dataset_type == "tf_raw" or FLAGS.synthetic_dataset_use_feature_spec:
         base = FLAGS.dataset_path or "."
         return load_spec(base, DLRM_CONTRACT, FLAGS.feature_spec)
@@ -169,7 +184,11 @@ def build(comm, spec):
         top_mlp_dims=_ints(FLAGS.top_mlp_dims, "top_mlp_dims"),
         interaction=interaction, num_cross_layers=FLAGS.num_cross_layers,
         cross_layer_projection_dim=FLAGS.cross_layer_projection_dim,
-        embedding_trainable=FLAGS.embedding_trainable, seed=FLAGS.seed).validate()
+        embedding_trainable=FLAGS.embedding_trainable, seed=FLAGS.seed,
+        dynamic=tuple(spec.dynamic(f) for f in spec.categorical_features)).validate()
+    if any(config.dynamic) and FLAGS.xla:
+        raise UsageError("--xla compiles fixed shapes; dynamic tables change their map every "
+                         "step: drop --xla or the dynamic features")
     plan = make_plan(config.cardinalities, config.embedding_dim, comm.size,
                      FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold)
     dot = select_dot_implementation(dot_request, FLAGS.cpu,

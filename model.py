@@ -24,6 +24,7 @@ class ModelConfig:
     cross_layer_projection_dim: int = 512
     embedding_trainable: bool = True
     seed: int = 0
+    dynamic: tuple = ()  # per table: a DynamicSpec (open vocabulary) or None; () all static
 
     def validate(self) -> "ModelConfig":
         if self.interaction not in ("dot", "cross"):
@@ -66,7 +67,7 @@ class DLRM(tf.Module):
                                if config.num_numerical else None)
             self.embeddings = EmbeddingLayer(plan, self.comm, config.seed,
                                              config.embedding_trainable,
-                                             offload_threshold_bytes)
+                                             offload_threshold_bytes, config.dynamic)
             bottom_width = config.bottom_mlp_dims[-1] if config.num_numerical else 0
             if config.interaction == "dot":
                 self.interaction = DotInteraction(dot_implementation)
@@ -92,7 +93,7 @@ class DLRM(tf.Module):
     def __call__(self, numerical, categorical, global_rows, compute_dtype=tf.float32):
         """numerical [b_local, num_numerical]; categorical: [B_global] ids for the tables this
         rank reads; global_rows: B_global. Returns logits [b_local]."""
-        embedded = self.embeddings(categorical, global_rows)
+        embedded = self.embeddings.lookup(categorical, global_rows, training=False)[0]
         return self.forward_dense(numerical, embedded, compute_dtype)
 
     def forward_dense(self, numerical, embedded, compute_dtype=tf.float32):

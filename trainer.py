@@ -26,7 +26,8 @@ class DLRMTask:
     def lookup(self, batch):
         _, categorical, _, global_rows = batch
         with tf.name_scope("embeddings"):  # names the piece in a profile
-            embedded, sources = self.model.embeddings.lookup(list(categorical), global_rows)
+            embedded, sources = self.model.embeddings.lookup(list(categorical), global_rows,
+                                                             training=True)
         return embedded, None, sources
 
     @staticmethod
@@ -65,6 +66,7 @@ class DlrmTrainer(Trainer):
         trainable = dict(task.dense_variables)
         trainable.update({f"table/{i}": var for i, (_, var) in enumerate(self.table_pairs)})
         self.optimizer = make_optimizer(optimizer, trainable)
+        model.embeddings.new_rows_hooks.append(self.optimizer.reset_rows)
         group = OptimizerGroup(self.optimizer, schedule, tuple(trainable.values()))
         super().__init__(
             task, model.comm, [group],

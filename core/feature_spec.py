@@ -51,10 +51,37 @@ COLUMNAR_LABEL_DTYPES = ("bool", "int8", "int16", "int32", "int64", "float32")
 DEFAULT_FILENAME = "feature_spec.yaml"
 # The dtype of a feature whose spec gives none and whose file has no schema, by channel kind
 # (NVIDIA's Wide & Deep specs carry no dtypes).
+DYNAMIC = "dynamic"  # a categorical feature whose table learns its ids (core/dynamic.py)
+EVICTION_POLICIES = ("lru",)
+
 DEFAULT_DTYPES = {"categorical": "int64", "id": "int64", "numerical": "float32", "label": "int8"}
 
 class FeatureSpecError(ValueError):
     """A FeatureSpec that this model cannot use; the message names the culprit."""
+
+
+@dataclass(frozen=True)
+class DynamicSpec:
+    """A feature's `dynamic` mapping: its table maps any int64 id to a row as training sees
+    it (core/dynamic.py); `cardinality` is then the table's capacity in rows."""
+    min_count: int = 1
+    eviction: str = "lru"
+
+    @classmethod
+    def parse(cls, name: str, value) -> "DynamicSpec":
+        if value is None or value is True:
+            value = {}
+        if not isinstance(value, dict) or set(value) - {"min_count", "eviction"}:
+            raise FeatureSpecError(f"feature '{name}': dynamic must be a mapping with "
+                                   f"min_count and eviction, found {value!r}")
+        spec = cls(**value)
+        if not _is_positive_int(spec.min_count):
+            raise FeatureSpecError(f"feature '{name}': dynamic min_count must be an integer "
+                                   f">= 1, found {spec.min_count!r}")
+        if spec.eviction not in EVICTION_POLICIES:
+            raise FeatureSpecError(f"feature '{name}': dynamic eviction must be one of "
+                                   f"{list(EVICTION_POLICIES)}, found {spec.eviction!r}")
+        return spec
 
 
 def narrowest_int_dtype(cardinality: int) -> str:
@@ -227,9 +254,28 @@ class FeatureSpec:
         of the contract the spec was validated with: cardinality - 1, or cardinality where
         ids count from 1 and 0 pads (SIM); None for a feature without a cardinality."""
         card = (self.feature_spec.get(feature) or {}).get("cardinality")
-        if not _is_positive_int(card):
-            return None
+        if not _is_positive_int(card) or self.dynamic(feature):
+            return None  # a dynamic table takes any int64 id
         return int(card) if self.ids_from_one else int(card) - 1
+
+    def dynamic(self, feature: str):
+        """The DynamicSpec of a dynamic feature, None for a static one."""
+        props = self.feature_spec.get(feature) or {}
+        return DynamicSpec.parse(feature, props[DYNAMIC]) if DYNAMIC in props else None
+
+    def with_dynamic(self, features, spec: DynamicSpec = DynamicSpec()) -> "FeatureSpec":
+        """A copy whose `features` (categorical names, or ['all']) are dynamic with `spec`:
+        turns an existing spec's chosen tables into open-vocabulary ones."""
+        out = self.copy()
+        names = self.categorical_features if list(features) == ["all"] else list(features)
+        for name in names:
+            if name not in out.feature_spec or "cardinality" not in out.feature_spec[name]:
+                raise FeatureSpecError(f"dynamic feature '{name}' is not a categorical feature "
+                                       f"of the spec (categorical: "
+                                       f"{self.categorical_features})")
+            out.feature_spec[name] = dict(out.feature_spec[name], dynamic={
+                "min_count": spec.min_count, "eviction": spec.eviction})
+        return out
 
     @property
     def ids_from_one(self) -> bool:
@@ -289,6 +335,8 @@ class FeatureSpec:
                 raise FeatureSpecError(f"feature_spec: feature '{name}' has unknown dtype "
                                        f"{props['dtype']!r}")
             feature_hotness(name, props)
+            if DYNAMIC in props:
+                DynamicSpec.parse(name, props[DYNAMIC])
         if not isinstance(self.metadata, dict):
             raise FeatureSpecError(f"metadata: expected a mapping, found "
                                    f"{type(self.metadata).__name__}")
@@ -545,7 +593,7 @@ def _check_feature(spec: "FeatureSpec", name: str, channel: str, rule: ChannelRu
         if not _is_positive_int(card):
             raise FeatureSpecError(f"feature '{name}': cardinality must be a positive "
                                    f"integer, found {card!r}")
-        if int(card) - 1 > np.iinfo(dtype).max:
+        if DYNAMIC not in props and int(card) - 1 > np.iinfo(dtype).max:
             raise FeatureSpecError(f"feature '{name}': cardinality {card} does not fit "
                                    f"dtype {props['dtype']}")
     width = hotness(props)

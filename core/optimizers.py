@@ -19,6 +19,9 @@ class SGD:
     def slots(self, name: str) -> dict:
         return {}
 
+    def reset_rows(self, var, rows):
+        pass
+
     def apply_dense(self, var, grad, lr):
         # one in-place kernel (var -= lr * grad) instead of a multiply into a temporary and
         # a subtraction
@@ -55,6 +58,11 @@ class Adam:
 
     def slots(self, name: str) -> dict:
         return self._slots.get(name, {})
+
+    def reset_rows(self, var, rows):
+        """Rows a dynamic table gave to new ids start with zero moments."""
+        for slot in self._by_ref[var.ref()]:
+            _fill_rows(slot, rows, 0.0)
 
     @staticmethod
     def _slot(var, slot: str):
@@ -140,6 +148,12 @@ def make_optimizer(name: str, variables: dict, weight_decay: float = None):
     raise ValueError(f"--optimizer must be one of {OPTIMIZERS}{decay}, found '{name}'")
 
 
+def _fill_rows(slot, rows, value: float):
+    slot.scatter_update(tf.IndexedSlices(
+        tf.fill(tf.stack([tf.size(rows), tf.shape(slot)[1]]), tf.constant(value, slot.dtype)),
+        rows))
+
+
 def _unique_rows(grad: tf.IndexedSlices):
     """Distinct rows of a sparse gradient and each row's summed gradient."""
     rows, position = tf.unique(grad.indices)
@@ -155,7 +169,7 @@ class FTRL:
     slot_names = ("accumulator", "linear")
 
     def __init__(self, variables: dict, initial_accumulator_value=0.1, l1=0.0, l2=0.0):
-        self.l1, self.l2 = l1, l2
+        self.l1, self.l2, self.initial_accumulator_value = l1, l2, initial_accumulator_value
         self._slots, self._by_ref = {}, {}
         for name, var in variables.items():
             slots = {"accumulator": tf.Variable(tf.fill(var.shape, initial_accumulator_value),
@@ -167,6 +181,12 @@ class FTRL:
 
     def slots(self, name: str) -> dict:
         return self._slots.get(name, {})
+
+    def reset_rows(self, var, rows):
+        """Rows a dynamic table gave to new ids start as every row does."""
+        slots = self._by_ref[var.ref()]
+        _fill_rows(slots["accumulator"], rows, self.initial_accumulator_value)
+        _fill_rows(slots["linear"], rows, 0.0)
 
     def _rows(self, var, acc, linear, g, lr):
         new_acc = acc + tf.square(g)
@@ -214,6 +234,9 @@ class RMSProp:
 
     def slots(self, name: str) -> dict:
         return self._slots.get(name, {})
+
+    def reset_rows(self, var, rows):
+        _fill_rows(self._by_ref[var.ref()], rows, 0.0)
 
     def _step(self, ms, g, lr):
         new_ms = self.rho * ms + (1 - self.rho) * tf.square(g)

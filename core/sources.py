@@ -86,7 +86,7 @@ def first_bad_id(ids: np.ndarray, limit: int):
     """Index of the first id of `ids` outside [0, limit], or None. One pass over the batch:
     viewed unsigned, a negative id is larger than any limit."""
     unsigned = _UNSIGNED.get(ids.dtype)
-    if unsigned is None or not ids.size:
+    if unsigned is None or not ids.size or limit is None:  # None: a dynamic table's ids
         return None
     ids = ids.view(unsigned)
     if ids.max() <= limit:

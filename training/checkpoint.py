@@ -35,11 +35,17 @@ def _model_shape(model) -> dict:
             "top_mlp_dims": list(c.top_mlp_dims), "interaction": c.interaction,
             "num_cross_layers": c.num_cross_layers if c.interaction == "cross" else None,
             "cross_layer_projection_dim":
-                c.cross_layer_projection_dim if c.interaction == "cross" else None}
+                c.cross_layer_projection_dim if c.interaction == "cross" else None,
+            "dynamic": [d.__dict__ if d else None for d in c.dynamic] or None}
 
 
 def _piece_file(table: int, c0: int, c1: int, slot: str = "") -> str:
     return f"piece_{table}_{c0}_{c1}{'.' + slot if slot else ''}.npy"
+
+
+def _dynamic_file(table: int) -> str:
+    """A dynamic table's id -> row map, pending counts and counters (core/dynamic.py)."""
+    return f"dynamic_{table}.npz"
 
 
 def _table_file(table: int, slot: str = "") -> str:
@@ -73,6 +79,8 @@ def save(path: str, trainer, position: dict) -> None:
             for slot, slot_var in optimizer.slots(name).items():
                 dense[f"{name}/{slot}"] = slot_var.numpy()
         np.savez(os.path.join(tmp, "dense.npz"), **dense)
+        for table, dynamic in model.embeddings.dynamic.items():
+            np.savez(os.path.join(tmp, _dynamic_file(table)), **dynamic.state())
         iterations = getattr(optimizer, "iterations", None)
         meta = {"format_version": FORMAT_VERSION, "position": position,
                 "model": _model_shape(model), "optimizer": type(optimizer).__name__.lower(),
@@ -154,6 +162,9 @@ def restore(path: str, trainer) -> dict:
             for slot, slot_var in optimizer.slots(table_keys.get(var.ref(), "")).items():
                 slot_var.assign(_read_columns(os.path.join(path, _table_file(table, slot)),
                                               c0, c1))
+    for table, dynamic in model.embeddings.dynamic.items():
+        with np.load(os.path.join(path, _dynamic_file(table))) as state:
+            dynamic.load(dict(state))
     iterations = getattr(optimizer, "iterations", None)
     if iterations is not None and same_optimizer:
         iterations.assign(meta["optimizer_iterations"])
