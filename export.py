@@ -12,7 +12,10 @@ def serving(model, spec) -> tuple:
     """(probabilities function, input signature) for training.export.export_saved_model."""
     if model.comm.size != 1:
         raise ValueError("export needs the whole model in one process")
-    id_dtypes = [id_dtype(c) for c in model.config.cardinalities]
+    # a dynamic table maps any int64 id itself
+    id_dtypes = [tf.int64 if d else id_dtype(c)
+                 for c, d in zip(model.config.cardinalities, model.config.dynamic or
+                                 [None] * len(model.config.cardinalities))]
 
     def probabilities(numerical, categorical):
         ids = [tf.cast(categorical[:, t], dt) for t, dt in enumerate(id_dtypes)]

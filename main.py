@@ -95,6 +95,9 @@ flags.DEFINE_integer("checkpoint_steps", 0, "Also save every this many steps (0:
                      "the end)")
 flags.DEFINE_string("restore_checkpoint_path", None, "Restore (and resume from) this "
                     "checkpoint")
+flags.DEFINE_bool("continue_on_new_data", False, "With --restore_checkpoint_path: keep the "
+                  "weights, optimizer state and dynamic tables' maps, and train --epochs over "
+                  "--dataset_path from step 0 (continuous training; the schedule restarts)")
 flags.DEFINE_string("saved_model_output_path", None, "--mode deploy: SavedModel directory")
 flags.DEFINE_string("log_path", "dlrm_tf_log.json", "DLLogger JSON-lines log file")
 flags.DEFINE_bool("print_plan", False, "Print the table placement plan and exit")
@@ -271,6 +274,8 @@ def main(argv):
         if FLAGS.restore_checkpoint_path:
             position = checkpoint.restore(FLAGS.restore_checkpoint_path, trainer)
             logger.print(f"restored {FLAGS.restore_checkpoint_path} at step {position['step']}")
+            if FLAGS.continue_on_new_data:
+                position = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
         with comm.waiting("the broadcast of the initial dense weights", 0):
             comm.broadcast_variables(list(trainer.model.dense_variables().values()))
         run_mode(trainer, spec, plan, comm, logger, position)

@@ -48,11 +48,20 @@ class DynamicTable(tf.Module):
             self.clock = tf.Variable(0, dtype=tf.int64, trainable=False, name="clock")
             self.admissions = tf.Variable(0, dtype=tf.int64, trainable=False, name="admissions")
             self.evictions = tf.Variable(0, dtype=tf.int64, trainable=False, name="evictions")
+        self.frozen = None  # the map as a StaticHashTable, once frozen for serving
+
+    def freeze(self) -> None:
+        """Serve from a read-only copy of the map (a StaticHashTable, which a SavedModel
+        saves and restores with its contents, unlike a MutableHashTable)."""
+        keys, rows = self.rows.export()
+        with self.name_scope:
+            self.frozen = tf.lookup.StaticHashTable(
+                tf.lookup.KeyValueTensorInitializer(keys, rows), NO_ROW)
 
     def lookup(self, ids):
         """Rows of ids (any shape) without inserting: unknown ids read the rare row."""
         ids = tf.cast(ids, tf.int64)
-        rows = tf.reshape(self.rows.lookup(ids), tf.shape(ids))
+        rows = tf.reshape((self.frozen or self.rows).lookup(ids), tf.shape(ids))
         return tf.where(rows == NO_ROW, tf.constant(RARE_ROW, tf.int64), rows)
 
     def train_lookup(self, ids):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from core.dynamic import DynamicTable
+
 from core.files import StagedDirectory
 
 
@@ -22,6 +24,9 @@ class ServingModel(tf.Module):
 
 def export_saved_model(model, probabilities, signature: list, output_path: str,
                        name: str = "serving") -> None:
+    for module in model.submodules:
+        if isinstance(module, DynamicTable):  # the id -> row map travels with the model
+            module.freeze()
     serving = ServingModel(model, probabilities, signature, name)
     with StagedDirectory(output_path, overwrite=True) as staged:
         tf.saved_model.save(serving, staged.tmp_dir,
