@@ -4,6 +4,9 @@ Shape: 26 tables x 100k rows x 128, bottom 13-512-256-128, top 480-1024-1024-512
 The naive baseline uses keras.layers.Embedding, keras Dense layers and a tf.function step
 with keras' SGD optimizer, under TensorFlow's default settings; `naive_keras_onednn` is the
 same model with oneDNN forced on, to show how much of the gain is that setting alone.
+`ours_dynamic` is `ours` with every table dynamic (open vocabulary, capacity 100k rows, ids
+as scattered 64-bit values): its ratio to `ours` is what learning the ids costs; the run then
+also measures the id -> row map's memory per entry.
 Every variant runs in its own process (its own TensorFlow settings, no shared memory) on
 the same pre-generated synthetic batches, so the input pipeline is not measured.
 
@@ -22,7 +25,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-VARIANTS = ("ours", "ours_xla", "ours_amp_bf16", "naive_keras", "naive_keras_onednn")
+VARIANTS = ("ours", "ours_xla", "ours_amp_bf16", "naive_keras", "naive_keras_onednn",
+            "ours_dynamic")
 
 
 def configure_environment(variant: str) -> None:
@@ -38,10 +42,12 @@ def configure_environment(variant: str) -> None:
 
 
 NUM_TABLES, ROWS, DIM, NUM_NUMERICAL = 26, 100_000, 128, 13
+HASH = -7046029254386353131  # an odd 64-bit multiplier: distinct ids stay distinct
 BOTTOM, TOP = (512, 256, 128), (1024, 1024, 512, 256, 1)
 
 
-def batches(batch_size: int, count: int):
+def batches(batch_size: int, count: int, hashed_ids: bool = False):
+    """Synthetic batches; hashed_ids: ids as scattered int64 values (for dynamic tables)."""
     import numpy as np
     import tensorflow as tf
     from datasets import SyntheticSource
@@ -52,17 +58,20 @@ def batches(batch_size: int, count: int):
     for i in range(count):
         numerical, categorical, label = source.get(i)
         out.append((tf.constant(numerical.astype(np.float32)),
-                    tuple(tf.constant(c.astype(np.int32)) for c in categorical),
+                    tuple(tf.constant(c.astype(np.int64) * HASH if hashed_ids else
+                                      c.astype(np.int32)) for c in categorical),
                     tf.constant(label.astype(np.float32)), tf.constant(batch_size, tf.int32)))
     return out
 
 
-def ours(xla: bool, amp: bool = False):
-    from core.parallel.placement import make_plan
+def ours(xla: bool, amp: bool = False, dynamic: bool = False):
+    from core.feature_spec import DynamicSpec
     from core.optimizers import LearningRateSchedule
+    from core.parallel.placement import make_plan
     from model import DLRM, ModelConfig
     from trainer import DlrmTrainer
-    config = ModelConfig(NUM_NUMERICAL, (ROWS,) * NUM_TABLES, DIM, BOTTOM, TOP)
+    config = ModelConfig(NUM_NUMERICAL, (ROWS,) * NUM_TABLES, DIM, BOTTOM, TOP,
+                         dynamic=(DynamicSpec(),) * NUM_TABLES if dynamic else ())
     model = DLRM(config, make_plan(config.cardinalities, DIM))
     trainer = DlrmTrainer(model, "sgd", LearningRateSchedule(0.1, 0, 0, 0), amp=amp, xla=xla)
     return lambda batch, step: trainer.train_step(batch, step)
@@ -113,11 +122,31 @@ def worker(variant: str, batch_size: int, steps: int, profile: bool = False):
     configure_environment(variant)
     builders = {"ours": lambda: ours(False), "ours_xla": lambda: ours(True),
                 "ours_amp_bf16": lambda: ours(False, amp=True), "naive_keras": naive_keras,
-                "naive_keras_onednn": naive_keras}
-    step_fn, data = builders[variant](), batches(batch_size, 4)
+                "naive_keras_onednn": naive_keras,
+                "ours_dynamic": lambda: ours(False, dynamic=True)}
+    if variant == "map_memory":
+        return map_bytes_per_entry()
+    step_fn, data = builders[variant](), batches(batch_size, 4, variant == "ours_dynamic")
     if profile:
         return op_times(step_fn, data, steps)
     return measure(step_fn, data, steps)
+
+
+def map_bytes_per_entry(entries: int = 2_600_000) -> float:
+    """Resident bytes a dynamic table's map takes per id (26 tables x 100k ids inserted)."""
+    import numpy as np
+    import tensorflow as tf
+    from core.dynamic import DynamicTable
+
+    def resident() -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    table = DynamicTable(entries + 1)
+    ids = tf.constant(np.arange(entries, dtype=np.int64) * HASH)
+    table.lookup(ids[:10])  # the runtime's own allocations before the baseline
+    before = resident()
+    table.rows.insert(ids, tf.range(1, entries + 1, dtype=tf.int64))
+    return (resident() - before) / entries
 
 
 def op_times(step_fn, data, steps: int) -> dict:
@@ -243,6 +272,11 @@ def main():
                 print(f"  round {round_ + 1} {name:18s} batch {batch_size:6d}: "
                       f"{value:10,.0f} samples/s", flush=True)
     report(results, chosen)
+    if "ours_dynamic" in chosen:
+        map_bytes = run_worker("map_memory", 0, 0)
+        print(f"\ndynamic tables: memory per row = vector {DIM * 4} B (+ {DIM * 4} B per "
+              f"optimizer slot: SGD none, Adam 2) + row -> id and last use 16 B + map entry "
+              f"{map_bytes:.0f} B (measured: resident growth over 2.6M inserted ids)")
 
 
 if __name__ == "__main__":

@@ -20,7 +20,8 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from datasets import SplitBinaryWriter  # noqa: E402
-from core.feature_spec import FeatureSpec, TEST_MAPPING, TRAIN_MAPPING, VALIDATION_MAPPING  # noqa
+from core.feature_spec import (TEST_MAPPING, TRAIN_MAPPING, VALIDATION_MAPPING,  # noqa
+                               DynamicSpec, FeatureSpec)
 
 try:
     from .spark_data_utils import (ID_COLUMNS, LABEL_COLUMN, NUMERICAL_COLUMNS, POS_COLUMN,
@@ -62,16 +63,22 @@ def ordered_files(split_dir: str) -> list:
     return [r[3] for r in ranges]
 
 
-def open_writer(output_dir: str, cardinalities: list, metadata: dict) -> SplitBinaryWriter:
+def open_writer(output_dir: str, cardinalities: list, metadata: dict,
+                dynamic: DynamicSpec = None) -> SplitBinaryWriter:
     """The writer of the split-binary dataset (train/test/validation) and its
     feature_spec.yaml. The output directory is replaced only when it is empty or already holds
-    a dataset (a feature_spec.yaml)."""
+    a dataset (a feature_spec.yaml). dynamic: every table dynamic (raw int64 ids; the
+    cardinalities are capacities)."""
     output_dir = os.path.abspath(output_dir)
     if os.path.isdir(output_dir) and os.listdir(output_dir) and \
             not os.path.isfile(os.path.join(output_dir, "feature_spec.yaml")):
         raise PreprocError(f"final output {output_dir} is not empty and holds no "
                            f"feature_spec.yaml; refusing to replace it")
     spec = FeatureSpec.get_default(len(NUMERICAL_COLUMNS), cardinalities, mappings=MAPPINGS)
+    if dynamic is not None:
+        for name in spec.categorical_features:
+            spec.feature_spec[name]["dtype"] = "int64"
+        spec = spec.with_dynamic(["all"], dynamic)
     spec.metadata = dict(metadata)
     return SplitBinaryWriter(output_dir, spec, overwrite=True)
 

@@ -182,17 +182,25 @@ def apply_days(days: list, test_day: int, lines_per_day: dict, tables: list, wri
         first = 0
         for lines in read_lines(path, progress):
             rows = parse_block(lines).with_columns(*ids)
-            if day < test_day:
-                pieces = [("train", rows)]
-            else:  # rows are in line order: one cut at the half of the day
-                cut = int(np.searchsorted(rows["index"].to_numpy(), half - first))
-                pieces = [(FIRST_HALF_SPLIT, rows[:cut]), (SECOND_HALF_SPLIT, rows[cut:])]
+            _write(writer, _splits(day, test_day, half, first, rows))
             first += len(lines)
-            for split, part in pieces:
-                writer.write(split, part.select(NUMERICAL_COLUMNS).to_numpy(),
-                             [part[c].to_numpy() for c in CATEGORICAL_COLUMNS],
-                             part[LABEL_COLUMN].to_numpy())
         progress(f"  day {day}: {first} lines applied")
+
+
+def _splits(day: int, test_day: int, half: int, first: int, rows) -> list:
+    """[(split, rows)] of one block whose first line is line `first` of its day: a training
+    day's rows, or the test day's rows cut at line `half` (rows are in line order)."""
+    if day < test_day:
+        return [("train", rows)]
+    cut = int(np.searchsorted(rows["index"].to_numpy(), half - first))
+    return [(FIRST_HALF_SPLIT, rows[:cut]), (SECOND_HALF_SPLIT, rows[cut:])]
+
+
+def _write(writer, pieces: list) -> None:
+    for split, part in pieces:
+        writer.write(split, part.select(NUMERICAL_COLUMNS).to_numpy(),
+                     [part[c].to_numpy() for c in CATEGORICAL_COLUMNS],
+                     part[LABEL_COLUMN].to_numpy())
 
 
 def run_local(days: list, frequency_threshold: int, models_dir: str, open_writer,
@@ -213,4 +221,40 @@ def run_local(days: list, frequency_threshold: int, models_dir: str, open_writer
         writer.abort()
         raise
     return {"lines": total, "malformed_lines": malformed, "cardinalities": cards,
+            "rows": dict(spec.metadata["rows"]), "spec": spec}
+
+
+# ---- one pass: raw values as ids of dynamic tables --------------------------------------
+MISSING_VALUE_ID = -1  # an empty categorical field: one id of its own, as "" is in a dictionary
+
+
+def raw_ids(field: str) -> pl.Expr:
+    """A categorical field's 8 hex digits read as an int64 id (empty: MISSING_VALUE_ID)."""
+    return (pl.col(field).str.to_integer(base=16, strict=False)
+            .fill_null(MISSING_VALUE_ID).cast(pl.Int64).alias(field))
+
+
+def run_one_pass(days: list, open_writer, progress) -> dict:
+    """The dictionary-free route: every training day is read once and written with its raw
+    values as int64 ids (for a spec whose tables are dynamic, core/dynamic.py); only the test
+    day is read twice, its lines counted first for the validation/test cut at its half."""
+    test_day = len(days) - 1
+    half = sum(len(lines) for lines in read_lines(days[test_day])) // 2
+    writer = open_writer()
+    ids = [raw_ids(c) for c in CATEGORICAL_COLUMNS]
+    lines_per_day, malformed = {}, 0
+    try:
+        for day, path in enumerate(days):
+            lines_per_day[day] = 0
+            for lines in read_lines(path, progress):
+                rows = parse_block(lines).with_columns(*ids)
+                malformed += len(lines) - len(rows)
+                _write(writer, _splits(day, test_day, half, lines_per_day[day], rows))
+                lines_per_day[day] += len(lines)
+            progress(f"  day {day}: {lines_per_day[day]} lines written")
+        spec = writer.close()
+    except BaseException:
+        writer.abort()
+        raise
+    return {"lines": sum(lines_per_day.values()), "malformed_lines": malformed,
             "rows": dict(spec.metadata["rows"]), "spec": spec}

@@ -30,6 +30,7 @@ if _REPO not in sys.path:
     sys.path.insert(0, _REPO)
 
 from core.cli import run_cli  # noqa: E402
+from core.feature_spec import DynamicSpec  # noqa: E402
 from core.spark import start_spark  # noqa: E402
 from preproc.spark_data_utils import (PreprocError, NUMERICAL_COLUMNS,  # noqa: E402
                                       CATEGORICAL_COLUMNS, COMBINED_DICTIONARY_MAX, RARE_ID,
@@ -135,6 +136,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--frequency_threshold", type=int, default=env_int("frequency_threshold", 0),
                    help="categorical values seen fewer times than this in the training days "
                         "share id 0 (0 or 1: keep every value)")
+    p.add_argument("--dynamic_capacity", type=int, default=env_int("dynamic_capacity", 0),
+                   help="one pass, no dictionaries (engine local): raw values as int64 ids of "
+                        "dynamic tables of this many rows, min_count = the frequency threshold "
+                        "(0: the dictionary route)")
     for name, default in DEFAULTS.items():
         p.add_argument(f"--{name}", default=env(name, default))
     p.add_argument("--num_days", type=int, default=None,
@@ -177,6 +182,10 @@ def check_config(args) -> dict:
     if args.engine == "local" and args.mode != "CPU":
         raise PreprocError("engine local runs on the CPU only: use mode CPU, or engine spark "
                            "for DGX2")
+    if args.dynamic_capacity < 0 or (args.dynamic_capacity and args.engine != "local"):
+        raise PreprocError(f"--dynamic_capacity (the one-pass route) needs a capacity >= 1 "
+                           f"and --engine local, found {args.dynamic_capacity} with engine "
+                           f"{args.engine}")
     if args.frequency_threshold < 0:
         raise PreprocError(f"frequency_threshold must be >= 0, found {args.frequency_threshold}")
     if args.cores < 1:
@@ -355,6 +364,23 @@ def run_spark(args, conf: dict, spark=None) -> dict:
             "master": conf["spark.master"], "models_dir": models_dir}
 
 
+def run_one_pass(args) -> dict:
+    """The local engine's dictionary-free route; returns the figures for the summary."""
+    from preproc.local_engine import run_one_pass as one_pass
+    stages = Stages(1)
+    capacities = [args.dynamic_capacity] * len(CATEGORICAL_COLUMNS)
+    dynamic = DynamicSpec(min_count=max(args.frequency_threshold, 1))
+    started = stages.start("one pass", f"raw values as int64 ids of dynamic tables "
+                                       f"(capacity {args.dynamic_capacity}, min_count "
+                                       f"{dynamic.min_count}) -> {args.final_output_dir}")
+    figures = one_pass(args.days, lambda: open_writer(
+        args.final_output_dir, capacities, dataset_metadata(args, None, None), dynamic),
+        progress=log)
+    stages.done("one pass", started)
+    return dict(figures, cardinalities=capacities, seconds=stages.timings,
+                master="local (polars, in process, one pass)", models_dir=None)
+
+
 def run_polars(args) -> dict:
     """The local engine's two passes; returns the figures for the summary."""
     from preproc.local_engine import run_local
@@ -386,7 +412,10 @@ def run(args, spark=None) -> dict:
     log(f"engine {args.engine}, mode {args.mode}, frequency threshold "
         f"{args.frequency_threshold}, {len(args.days)} day files in {args.download_dir}: "
         f"days 0..{test_day - 1} train, day {test_day} {FIRST_HALF_SPLIT}/{SECOND_HALF_SPLIT}")
-    figures = run_polars(args) if args.engine == "local" else run_spark(args, conf, spark)
+    if args.dynamic_capacity:
+        figures = run_one_pass(args)
+    else:
+        figures = run_polars(args) if args.engine == "local" else run_spark(args, conf, spark)
     total = time.time() - started
     summary = {
         "engine": args.engine,
