@@ -264,15 +264,15 @@ class FeatureSpec:
         return DynamicSpec.parse(feature, props[DYNAMIC]) if DYNAMIC in props else None
 
     def with_dynamic(self, features, spec: DynamicSpec = DynamicSpec()) -> "FeatureSpec":
-        """A copy whose `features` (categorical names, or ['all']) are dynamic with `spec`:
-        turns an existing spec's chosen tables into open-vocabulary ones."""
+        """A copy whose `features` (names of features with a cardinality, or ['all']) are
+        dynamic with `spec`: turns an existing spec's chosen tables into open-vocabulary ones."""
         out = self.copy()
-        names = self.categorical_features if list(features) == ["all"] else list(features)
+        tables = [f for f, props in self.feature_spec.items() if "cardinality" in (props or {})]
+        names = tables if list(features) == ["all"] else list(features)
         for name in names:
-            if name not in out.feature_spec or "cardinality" not in out.feature_spec[name]:
-                raise FeatureSpecError(f"dynamic feature '{name}' is not a categorical feature "
-                                       f"of the spec (categorical: "
-                                       f"{self.categorical_features})")
+            if name not in tables:
+                raise FeatureSpecError(f"dynamic feature '{name}' has no table (features with "
+                                       f"a cardinality: {tables})")
             out.feature_spec[name] = dict(out.feature_spec[name], dynamic={
                 "min_count": spec.min_count, "eviction": spec.eviction})
         return out

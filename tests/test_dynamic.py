@@ -121,5 +121,5 @@ def test_spec_dynamic_key_and_its_errors():
     with pytest.raises(FeatureSpecError, match="cardinality must be a positive"):
         from dlrm_contract import DLRM_CONTRACT
         FeatureSpec(**raw).validate(DLRM_CONTRACT)
-    with pytest.raises(FeatureSpecError, match="'label' is not a categorical feature"):
+    with pytest.raises(FeatureSpecError, match="dynamic feature 'label' has no table"):
         spec.with_dynamic(["label"])

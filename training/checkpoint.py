@@ -248,10 +248,11 @@ def arrays(named: dict) -> dict:
 
 
 def save_replica(path: str, named_state: dict, comm, position: dict, model: dict = None,
-                 optimizer=None) -> None:
+                 optimizer=None, dynamic_tables: dict = None) -> None:
     """A replicated model's checkpoint: named_state (variables and slots by name), the training
     position, the fields that decide the variables (model) and which optimizer wrote the
-    slots, so a restore can refuse another model and skip another optimizer's slots."""
+    slots, so a restore can refuse another model and skip another optimizer's slots;
+    dynamic_tables: {name: DynamicTable}, whose maps are saved beside the weights."""
     meta = {"position": position}
     if model is not None:
         meta["model"] = model
@@ -259,11 +260,18 @@ def save_replica(path: str, named_state: dict, comm, position: dict, model: dict
         iterations = getattr(optimizer, "iterations", None)
         meta.update(optimizer=type(optimizer).__name__,
                     optimizer_iterations=int(iterations.numpy()) if iterations is not None else 0)
-    save_arrays(path, arrays(named_state), meta, comm)
+    saved = arrays(named_state)
+    for name, table in (dynamic_tables or {}).items():
+        saved.update({f"{DYNAMIC_PREFIX}{name}/{k}": v for k, v in table.state().items()})
+    save_arrays(path, saved, meta, comm)
+
+
+DYNAMIC_PREFIX = "dynamic_map/"
 
 
 def restore_replica(path: str, variables: dict, named_state: dict, model: dict = None,
-                    optimizer=None, model_defaults: dict = None) -> dict:
+                    optimizer=None, model_defaults: dict = None,
+                    dynamic_tables: dict = None) -> dict:
     """Load a save_replica checkpoint into variables, and the slots of named_state when the
     same optimizer wrote them; return the saved position. A checkpoint of another model (a
     field of `model` that differs; model_defaults: fields older checkpoints lack) is an error
@@ -281,4 +289,10 @@ def restore_replica(path: str, variables: dict, named_state: dict, model: dict =
     elif optimizer is not None and getattr(optimizer, "iterations", None) is not None:
         optimizer.iterations.assign(meta["optimizer_iterations"])
     assign_arrays(state, saved, path)
+    for name, table in (dynamic_tables or {}).items():
+        prefix = f"{DYNAMIC_PREFIX}{name}/"
+        found = {k[len(prefix):]: v for k, v in saved.items() if k.startswith(prefix)}
+        if not found:
+            raise CheckpointError(f"checkpoint {path} holds no map of dynamic table '{name}'")
+        table.load(found)
     return meta.get("position", meta)  # Wide & Deep's first checkpoints: meta is the position

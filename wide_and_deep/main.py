@@ -57,6 +57,11 @@ def parse_args(argv=None):
       help="no MAP@12 (needs a feature in the spec's 'map' channel otherwise)")
     a("--print_freq", type=int, default=100, help="steps between progress lines")
     a("--seed", type=int, default=0, help="initialization, shuffling and dropout seed")
+    a("--dynamic_features", type=lambda s: s.split(","), default=[],
+      help="comma-separated categorical features (or 'all') whose tables learn their ids "
+           "(open vocabulary; the spec's cardinality is the capacity)")
+    a("--dynamic_min_count", type=int, default=1,
+      help="--dynamic_features: occurrences before an id gets a row of its own")
     return p.parse_args(argv)
 
 

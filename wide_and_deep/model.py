@@ -13,6 +13,8 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from core.dropout import bias_relu_dropout
+from core.dynamic import DynamicTable
+from core.feature_spec import DynamicSpec
 from core.layers import table_variable
 from core.initializers import bias_normal, glorot_normal
 from wide_and_deep.contract import MULTIHOT_CHANNEL, ONEHOT_CHANNEL
@@ -33,6 +35,7 @@ class Table:
     cardinality: int
     dim: int
     hotness: int = None  # None: one id per row
+    dynamic: DynamicSpec = None  # an open-vocabulary table (core/dynamic.py): any int64 id
 
 
 @dataclass(frozen=True)
@@ -53,10 +56,10 @@ class WideDeepConfig:
 
     @classmethod
     def from_spec(cls, spec, embedding_dims: dict, **kwargs) -> "WideDeepConfig":
-        tables = [Table(f, spec.cardinality(f), embedding_dims[f])
+        tables = [Table(f, spec.cardinality(f), embedding_dims[f], None, spec.dynamic(f))
                   for f in spec.channel(ONEHOT_CHANNEL)]
-        tables += [Table(f, spec.cardinality(f), embedding_dims[f], spec.dimension(f))
-                   for f in spec.channel(MULTIHOT_CHANNEL)]
+        tables += [Table(f, spec.cardinality(f), embedding_dims[f], spec.dimension(f),
+                         spec.dynamic(f)) for f in spec.channel(MULTIHOT_CHANNEL)]
         return cls(tuple(tables), tuple(spec.channel("numerical")), **kwargs)
 
     @property
@@ -106,6 +109,13 @@ class WideDeepModel(tf.Module):
                         for i, (a, b) in enumerate(zip(widths[:-1], widths[1:]))]
         self.biases = [tf.Variable(bias_normal(b, seed, 100 + i), name=f"deep_bias_{i}")
                        for i, b in enumerate(widths[1:])]
+        # one id -> row map per dynamic feature, shared by its wide and deep tables
+        self.dynamic = {t.name: DynamicTable(t.cardinality, t.dynamic, f"dynamic_{t.name}")
+                        for t in config.tables if t.dynamic}
+        self.seed = seed
+        # called with (table, rows) when a dynamic table gives rows to new ids: the optimizers
+        # reset their slots of the rows (WideDeepTrainer registers them)
+        self.new_rows_hooks = []
 
     # ---- variables by checkpoint name --------------------------------------------------
     def wide_variables(self) -> dict:
@@ -133,15 +143,18 @@ class WideDeepModel(tf.Module):
                 if v.ref() not in tables}
 
     # ---- forward -----------------------------------------------------------------------
-    def lookup(self, batch: dict):
-        """Table lookups (run under the tape that gives the tables' sparse gradients):
+    def lookup(self, batch: dict, training: bool = False):
+        """Table lookups (run under the tape that gives the tables' sparse gradients; a
+        training lookup gives dynamic tables' new ids rows, others read them from row 0):
         wide terms [n, features]; embeddings: (pooled [n, dim] of each table concatenated,
         unique rows [u, dim] of each projected table); layout: (positions in the projected
         tables' unique rows stacked, their batch rows), sorted by row, or None."""
         wide, pooled, unique, positions, segments = [], [], [], [], []
         offset = 0
-        for t in self.config.tables:
+        for i, t in enumerate(self.config.tables):
             ids, row_of = self._valid_ids(t, batch)
+            if t.dynamic:
+                ids = self._dynamic_rows(i, t, ids, training)
             rows = tf.shape(batch[t.name])[0]
             wide.append(self._summed(self.wide_tables[t.name], ids, row_of, rows)[:, 0])
             if self.config.projected(t):
@@ -163,6 +176,21 @@ class WideDeepModel(tf.Module):
             layout = (tf.gather(tf.concat(positions, 0), order), tf.gather(segments, order))
         wide = tf.stack(wide, axis=1) if wide else tf.zeros([self._rows(batch), 0])
         return wide, (pooled, unique), layout
+
+    def _dynamic_rows(self, i: int, t: Table, ids, training: bool):
+        """Rows of a dynamic feature's ids; in training, new ids' rows start anew: the deep
+        row drawn again, the wide row zero (FTRL's weights start at zero), slots reset."""
+        dynamic = self.dynamic[t.name]
+        if not training:
+            return dynamic.lookup(ids)
+        rows, new_rows = dynamic.train_lookup(ids)
+        dynamic.redraw(self.deep_tables[t.name], new_rows, self.seed * 1000 + i)
+        wide = self.wide_tables[t.name]
+        wide.scatter_update(tf.IndexedSlices(tf.zeros([tf.size(new_rows), 1]), new_rows))
+        for hook in self.new_rows_hooks:
+            for table in (wide, self.deep_tables[t.name]):
+                hook(table, new_rows)
+        return rows
 
     def _rows(self, batch: dict):
         """Rows of the batch (the contract guarantees a table or a numerical feature)."""

@@ -6,6 +6,7 @@ import os
 
 from core import plot_log
 from core.dllog import DLLogger
+from core.feature_spec import DynamicSpec
 from core.optimizers import LearningRateSchedule
 from core.parallel.comm import make_communicator
 from core.pipelines import DictPipeline
@@ -26,7 +27,14 @@ class Run:
         self.args = args
         # NVIDIA's specs carry no dtypes: the parquet schema (or a default) gives them
         self.spec = load_spec(args.dataset_path, WIDE_DEEP_CONTRACT, args.fspec_file)
+        if args.dynamic_features:
+            self.spec = self.spec.with_dynamic(args.dynamic_features,
+                                               DynamicSpec(args.dynamic_min_count))
         self.comm = make_communicator()
+        dynamic = [f for f in self.spec.feature_spec if self.spec.dynamic(f)]
+        if dynamic and self.comm.size > 1:
+            raise ValueError(f"dynamic tables {dynamic} run in one process for now; found "
+                             f"{self.comm.size} processes")
         self.logger = DLLogger(os.path.join(args.results_dir, args.log_filename),
                                enabled=self.comm.rank == 0)
         self.checkpoint_path = os.path.join(args.model_dir, "checkpoint")
@@ -71,12 +79,13 @@ class Run:
 
     def _save(self, position: dict) -> str:
         checkpoint.save_replica(self.checkpoint_path, self.trainer.named_state(), self.comm,
-                                position)
+                                position, dynamic_tables=self.model.dynamic)
         return self.checkpoint_path
 
     def _restore(self) -> dict:
         state = self.trainer.named_state()
-        position = checkpoint.restore_replica(self.checkpoint_path, state, state)
+        position = checkpoint.restore_replica(self.checkpoint_path, state, state,
+                                              dynamic_tables=self.model.dynamic)
         self.logger.print(f"restored {self.checkpoint_path} (epoch {position['epoch']})")
         return position
 

@@ -26,7 +26,7 @@ class WideDeepTask:
         self.tables = [TableGradient(n, v, True) for n, v in model.tables().items()]
 
     def lookup(self, batch):
-        wide_terms, embeddings, layout = self.model.lookup(batch)
+        wide_terms, embeddings, layout = self.model.lookup(batch, training=True)
         return (wide_terms, embeddings), layout, []
 
     def dense_inputs(self, batch, step):
@@ -63,6 +63,10 @@ class WideDeepTrainer(Trainer):
         self.model = model
         self.wide_optimizer = FTRL(model.wide_variables())
         self.deep_optimizer = RMSProp(model.deep_variables(), rho=DEEP_RHO)
+        wide = {v.ref() for v in model.wide_variables().values()}
+        model.new_rows_hooks.append(lambda table, rows: (
+            self.wide_optimizer if table.ref() in wide else self.deep_optimizer).reset_rows(
+                table, rows))
         groups = [OptimizerGroup(self.wide_optimizer, lambda step: linear_learning_rate,
                                  tuple(model.wide_variables().values()), "wide"),
                   OptimizerGroup(self.deep_optimizer, deep_schedule,
