@@ -1,11 +1,13 @@
 """--mode deploy: a SavedModel whose serving signature takes raw features (numerical [n, k]
-float32, categorical [n, tables] int64) and returns click probabilities (training/export.py
-writes it)."""
+float32, categorical [n, tables] int64) and returns click probabilities and
+`out_of_range_ids`, the batch's count of ids outside their table (negative or >= its
+cardinality), which read row 0 instead of failing the batch (training/export.py writes it)."""
 from __future__ import annotations
 
 import tensorflow as tf
 
 from dataloader import id_dtype
+from training.export import ids_in_range
 
 
 def serving(model, spec) -> tuple:
@@ -14,9 +16,14 @@ def serving(model, spec) -> tuple:
         raise ValueError("export needs the whole model in one process")
     id_dtypes = [id_dtype(c) for c in model.config.cardinalities]
 
+    cardinalities = list(model.config.cardinalities)
+
     def probabilities(numerical, categorical):
-        ids = [tf.cast(categorical[:, t], dt) for t, dt in enumerate(id_dtypes)]
-        return tf.sigmoid(model(numerical, ids, tf.shape(categorical)[0]))
+        checked = [ids_in_range(categorical[:, t], card - 1)
+                   for t, card in enumerate(cardinalities)]
+        ids = [tf.cast(c[0], dt) for c, dt in zip(checked, id_dtypes)]
+        return {"probabilities": tf.sigmoid(model(numerical, ids, tf.shape(categorical)[0])),
+                "out_of_range_ids": tf.add_n([c[1] for c in checked])}
 
     signature = [tf.TensorSpec([None, len(spec.numerical_features)], tf.float32,
                                name="numerical"),

@@ -144,8 +144,8 @@ def _tfrecord_offsets(path: str) -> np.ndarray:
             offsets.append(position)
             headers.append(header)
             position += 16 + int(np.frombuffer(header, dtype="<u8", count=1)[0])
-            if position > size:
-                _check_length_crcs(path, headers, len(headers) - 1)
+            if position > size:  # a corrupt length, or a truncated file
+                _check_length_crcs(path, headers)
                 raise DatasetError(f"{path}: truncated TFRecord (record {len(offsets) - 1} "
                                    f"ends at byte {position}, file has {size})")
             f.seek(position)
@@ -153,13 +153,13 @@ def _tfrecord_offsets(path: str) -> np.ndarray:
     return np.array(offsets + [size], dtype=np.int64)
 
 
-def _check_length_crcs(path: str, headers: list, first: int = 0) -> None:
-    blob = b"".join(headers[first:])
+def _check_length_crcs(path: str, headers: list) -> None:
+    blob = b"".join(headers)
     starts = np.arange(0, len(blob), 12)
     found = np.frombuffer(blob, dtype="<u4").reshape(-1, 3)[:, 2]
     bad = np.flatnonzero(masked(crc32c_many(blob, starts, starts + 8)) != found)
     if bad.size:
-        raise DatasetError(f"{path}: record {first + int(bad[0])}: corrupt length (CRC "
+        raise DatasetError(f"{path}: record {int(bad[0])}: corrupt length (CRC "
                            f"mismatch; the file is damaged or not a TFRecord file)")
 
 
