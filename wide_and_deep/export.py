@@ -34,10 +34,10 @@ def checked_features(config, features: dict) -> tuple:
         if t.hotness is not None:
             lengths = features[length_key(t.name)]
             tf.debugging.assert_less_equal(
-                lengths, t.hotness, message=f"feature '{t.name}': a row's length is above "
-                                            f"its hotness {t.hotness}")
+                lengths, t.hotness, message=f"feature {t.name}: a length above its hotness "
+                                            f"{t.hotness}")
             tf.debugging.assert_non_negative(
-                lengths, message=f"feature '{t.name}': a row's length is negative")
+                lengths, message=f"feature {t.name}: a negative length")
             counted = tf.sequence_mask(lengths, t.hotness)
         features[t.name], count = ids_in_range(features[t.name], t.cardinality - 1, counted)
         counts.append(count)
