@@ -131,7 +131,8 @@ def write_error(output: str, error: OSError) -> FileError:
     """A failed write (a full disk, a lost mount...) as one line naming the output."""
     culprit = f" ({error.filename})" if error.filename else ""
     return FileError(f"cannot write {output}{culprit}: {error.strerror or error}; nothing "
-                     f"was left half-written; the previous {os.path.basename(output)}, if any, is kept")
+                     f"was left half-written; the previous {os.path.basename(output)}, if "
+                     f"any, is kept")
 
 
 def atomic_write_text(path: str, text: str) -> None:
