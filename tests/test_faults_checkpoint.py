@@ -47,7 +47,7 @@ def leftovers(directory):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("ck") / "ck")
-    proc, errors = run(DLRM + ["--save_checkpoint_path", path])
+    proc, errors = run(DLRM + ["--save_checkpoint_path", path, "--log_path", path + ".json"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return path
 
@@ -77,7 +77,8 @@ def test_a_damaged_file_is_one_error_naming_it(saved, tmp_path, damage, message)
             f.write(np.random.default_rng(0).integers(0, 256, 4096, np.uint8).tobytes())
         else:
             f.truncate(1000)
-    proc, errors = run(DLRM + ["--mode", "eval", "--restore_checkpoint_path", path])
+    proc, errors = run(DLRM + ["--mode", "eval", "--restore_checkpoint_path", path,
+                               "--log_path", str(tmp_path / "log.json")])
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert errors == [f"error: checkpoint file {file} " + message.split(" ", 1)[1].format(size)]
 
@@ -100,7 +101,7 @@ def test_a_full_disk_keeps_the_previous_checkpoint(saved, tmp_path):
         np.save = save
     """
     proc, errors = run(DLRM + ["--save_checkpoint_path", path, "--restore_checkpoint_path",
-                               path], full_disk)
+                               path, "--log_path", str(tmp_path / "log.json")], full_disk)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert len(errors) == 1 and errors[0].startswith(f"error: cannot write {path} ({path}.tmp/")
     assert "No space left on device" in errors[0]

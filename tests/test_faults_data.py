@@ -91,7 +91,8 @@ def test_nan_in_dlrm_training_is_one_line_and_nothing_is_saved(write_dataset, tm
         [sys.executable, "main.py", "--dataset_path", loaded.base_directory, "--cpu",
          "--batch_size", "256", "--valid_batch_size", "256", "--embedding_dim", "8",
          "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--max_steps", "8",
-         "--save_checkpoint_path", str(checkpoint)], cwd=ROOT, capture_output=True, text=True,
+         "--save_checkpoint_path", str(checkpoint), "--log_path", str(tmp_path / "log.json")],
+        cwd=ROOT, capture_output=True, text=True,
         timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

@@ -26,7 +26,8 @@ def test_dlrm_out_of_range_ids_read_row_zero(tmp_path):
          "--synthetic_dataset_cardinalities", ",".join(map(str, CARDINALITIES)),
          "--synthetic_dataset_num_numerical_features", "4", "--embedding_dim", "8",
          "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--cpu",
-         "--saved_model_output_path", str(exported)], cwd=ROOT, capture_output=True, text=True,
+         "--saved_model_output_path", str(exported), "--log_path", str(tmp_path / "log.json")],
+        cwd=ROOT, capture_output=True, text=True,
         timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     assert proc.returncode == 0, proc.stderr[-3000:]
     serve = tf.saved_model.load(str(exported)).signatures["serving_default"]
