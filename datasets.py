@@ -18,7 +18,8 @@ import numpy as np
 from core.feature_spec import FeatureSpec
 from core.files import StagedDirectory, StagedWriter
 from core.sources import (BatchSource, DatasetError, expected_rows, first_bad_id,
-                          id_range_error, local_row_bounds)
+                          first_non_finite, id_range_error, local_row_bounds,
+                          non_finite_error)
 from dlrm_contract import DLRM_CONTRACT
 
 
@@ -78,7 +79,8 @@ class SplitBinaryReader(BatchSource):
     a truncated or missing file). get(i) reads batch i of the file order with one positioned
     read per file: the rank's slice of the numerical block and of the labels, and the whole
     global batch of each categorical feature in categorical_indices (default: all), whose
-    ids are checked against the cardinality (DatasetError naming file, row and feature).
+    ids are checked against the cardinality (DatasetError naming file, row and feature), as
+    the numerical features are for NaN and inf.
     """
 
     def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, drop_last: bool = False,
@@ -141,7 +143,16 @@ class SplitBinaryReader(BatchSource):
         for fd, dt, out in zip(self._cat_fds, self._cat_dtypes, categorical):
             self._pread_into(fd, out, start * dt.itemsize)
         self._check_ids(categorical, start)
+        self._check_finite(numerical, lo)
         return numerical, categorical, label
+
+    def _check_finite(self, numerical: np.ndarray, lo: int) -> None:
+        bad = first_non_finite(numerical)
+        if bad is not None:
+            row, column = int(bad[0]), int(bad[1])
+            raise non_finite_error(self.spec.numerical_features[column],
+                                   numerical[row, column],
+                                   f"{self._paths[self._num_fd]} row {lo + row}")
 
     def _check_ids(self, categorical: list, start: int) -> None:
         for fd, name, limit, ids in zip(self._cat_fds, self._cat_names, self._id_limits,

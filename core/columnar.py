@@ -8,9 +8,11 @@ import os
 import numpy as np
 
 from core.feature_spec import TEST_MAPPING, TRAIN_MAPPING, FeatureSpec
+from core.crc32c import crc32c_many, masked
 from core.files import StagedDirectory, StagedWriter
 from core.sources import (BatchSource, DatasetError, expected_rows, first_bad_id,
-                          id_range_error, length_key, pad_ragged)
+                          first_non_finite, id_range_error, length_key, non_finite_error,
+                          pad_ragged)
 
 COLUMNAR_FORMATS = ("parquet", "tfrecord")
 PARQUET_ROW_GROUP = 1 << 16  # small groups keep random (shuffled) batch reads cheap
@@ -129,21 +131,46 @@ class _ParquetChunk(_ChunkFiles):
 
 def _tfrecord_offsets(path: str) -> np.ndarray:
     """Byte offset of every record of a TFRecord file, plus the file size at the end.
-    A record is: uint64 length, uint32 crc, data, uint32 crc."""
-    offsets, size = [], os.path.getsize(path)
+    A record is: uint64 length, uint32 masked CRC-32C of the length, data, uint32 masked
+    CRC-32C of the data. The length CRCs are checked here (a corrupt length would misplace
+    every later record), the data CRCs as records are read (_check_data_crcs)."""
+    offsets, headers, size = [], [], os.path.getsize(path)
     with open(path, "rb") as f:
         position = 0
         while position < size:
-            header = f.read(8)
-            if len(header) < 8:
+            header = f.read(12)
+            if len(header) < 12:
                 raise DatasetError(f"{path}: truncated TFRecord header at byte {position}")
             offsets.append(position)
-            position += 16 + int(np.frombuffer(header, dtype="<u8")[0])
+            headers.append(header)
+            position += 16 + int(np.frombuffer(header, dtype="<u8", count=1)[0])
+            if position > size:  # a corrupt length, or a truncated file
+                _check_length_crcs(path, headers)
+                raise DatasetError(f"{path}: truncated TFRecord (record {len(offsets) - 1} "
+                                   f"ends at byte {position}, file has {size})")
             f.seek(position)
-    if position != size:
-        raise DatasetError(f"{path}: truncated TFRecord (last record ends at byte {position}, "
-                           f"file has {size})")
+    _check_length_crcs(path, headers)
     return np.array(offsets + [size], dtype=np.int64)
+
+
+def _check_length_crcs(path: str, headers: list) -> None:
+    blob = b"".join(headers)
+    starts = np.arange(0, len(blob), 12)
+    found = np.frombuffer(blob, dtype="<u4").reshape(-1, 3)[:, 2]
+    bad = np.flatnonzero(masked(crc32c_many(blob, starts, starts + 8)) != found)
+    if bad.size:
+        raise DatasetError(f"{path}: record {int(bad[0])}: corrupt length (CRC "
+                           f"mismatch; the file is damaged or not a TFRecord file)")
+
+
+def _check_data_crcs(path: str, blob: bytes, local: np.ndarray, first_record: int) -> None:
+    """local: record offsets within blob (records first_record.., then blob's end)."""
+    starts, ends = local[:-1] + 12, local[1:] - 4
+    stored = np.frombuffer(blob, dtype=np.uint8)[ends[:, None] + np.arange(4)]
+    bad = np.flatnonzero(masked(crc32c_many(blob, starts, ends)) != stored.view("<u4")[:, 0])
+    if bad.size:
+        raise DatasetError(f"{path}: record {first_record + int(bad[0])}: corrupt data (CRC "
+                           f"mismatch; the file is damaged)")
 
 
 REMAINDER_FILENAME = "remainder.tfrecord"  # NVIDIA's SIM tools: a prebatched mapping's last rows
@@ -206,6 +233,7 @@ class _TFRecordChunk(_ChunkFiles):
             f.seek(int(offsets[r0]))
             blob = f.read(int(offsets[r1] - offsets[r0]))
         local = offsets[r0:r1 + 1] - offsets[r0]
+        _check_data_crcs(self.paths[i], blob, local, r0)
         return [blob[s + 12:e - 4] for s, e in zip(local[:-1], local[1:])]
 
     def _parse(self, i: int, r0: int, r1: int) -> tuple:
@@ -301,7 +329,8 @@ class ColumnarReader(BatchSource):
     ranks. Multi-hot and sequence features come padded with 0 to their dimensions, with
     their lengths under length_key(name). Every id of a feature with a cardinality is
     checked against it (spec.id_limit: the family's convention); an id outside is a
-    DatasetError naming file, row (or record) and feature."""
+    DatasetError naming file, row (or record) and feature; so is a NaN or inf in a float
+    feature."""
 
     def __init__(self, spec: FeatureSpec, mapping: str, batch_size: int, rank: int = 0,
                  world_size: int = 1, shuffle: bool = False, seed: int = 0,
@@ -327,6 +356,8 @@ class ColumnarReader(BatchSource):
                          shuffle, seed)
         self._id_limits = {f: spec.id_limit(f) for p in self.parts for f in p.features
                            if spec.id_limit(f) is not None}
+        self._floats = [f for p in self.parts for f in p.features
+                        if spec.dtype(f).kind == "f"]
 
     def _check_rows(self) -> int:
         counts = {tuple(p.paths): p.num_rows for p in self.parts}
@@ -355,6 +386,11 @@ class ColumnarReader(BatchSource):
             if bad is not None:
                 raise id_range_error(self.spec, name, batch[name][bad],
                                      self.locate(lo + int(bad[0]), name))
+        for name in self._floats:
+            bad = first_non_finite(batch[name])
+            if bad is not None:
+                raise non_finite_error(name, batch[name][bad],
+                                       self.locate(lo + int(bad[0]), name))
         return batch
 
 

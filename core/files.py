@@ -23,6 +23,14 @@ class StagedDirectory:
     def shared_tmp_dir(output_dir: str) -> str:
         return os.path.abspath(output_dir) + ".tmp"
 
+    @staticmethod
+    def interrupted_copies(output_dir: str) -> list:
+        """The directories a shared staging of output_dir leaves when killed inside publish(),
+        between its two renames: the new output (staged) and the previous one (set aside).
+        Either may be complete; the caller judges which."""
+        tmp = StagedDirectory.shared_tmp_dir(output_dir)
+        return [d for d in (tmp, tmp + "-old") if os.path.isdir(d)]
+
     def __init__(self, output_dir: str, overwrite: bool = False, shared: bool = False):
         self.output_dir = os.path.abspath(output_dir)
         if os.path.exists(self.output_dir):
@@ -42,8 +50,11 @@ class StagedDirectory:
                                             prefix=f".{os.path.basename(self.output_dir)}.tmp-")
 
     def publish(self) -> None:
+        """Swap the staged directory in. A kill between the two renames leaves no output at
+        its path, the new and previous ones beside it (interrupted_copies)."""
         if os.path.exists(self.output_dir):
             old = self.tmp_dir + "-old"
+            shutil.rmtree(old, ignore_errors=True)  # left by a publish killed before its end
             os.rename(self.output_dir, old)
             os.rename(self.tmp_dir, self.output_dir)
             shutil.rmtree(old)
@@ -80,10 +91,13 @@ class StagedWriter:
         try:
             self._finish_files()
             self.spec.to_yaml(os.path.join(self._output.tmp_dir, "feature_spec.yaml"))
+            self._output.publish()
+        except OSError as e:
+            self.abort()
+            raise write_error(self._output.output_dir, e) from None
         except BaseException:
             self.abort()
             raise
-        self._output.publish()
         self._done = True
         self.spec.base_directory = self._output.output_dir
         return self.spec
@@ -99,8 +113,10 @@ class StagedWriter:
     def __exit__(self, exc_type, exc, tb):
         if exc_type is None:
             self.close()
-        else:
-            self.abort()
+            return False
+        self.abort()
+        if isinstance(exc, OSError):  # e.g. a full disk in a write(): name the output
+            raise write_error(self._output.output_dir, exc) from None
         return False
 
     def __del__(self):  # dropped without close(): never leave the temp dir behind
@@ -109,6 +125,14 @@ class StagedWriter:
                 self.abort()
         except Exception:
             pass
+
+
+def write_error(output: str, error: OSError) -> FileError:
+    """A failed write (a full disk, a lost mount...) as one line naming the output."""
+    culprit = f" ({error.filename})" if error.filename else ""
+    return FileError(f"cannot write {output}{culprit}: {error.strerror or error}; nothing "
+                     f"was left half-written; the previous {os.path.basename(output)}, if "
+                     f"any, is kept")
 
 
 def atomic_write_text(path: str, text: str) -> None:

@@ -9,9 +9,10 @@ import tensorflow as tf
 
 from core.sources import LENGTH_SUFFIX, DatasetError
 
-# The last DatasetError raised by a read inside tf.numpy_function: TensorFlow re-raises it
-# as a multi-line OpError, and reader_errors_surfaced() gives the CLIs the one-line original back.
-_failed_read = []
+# The DatasetErrors raised by reads inside tf.numpy_function (parallel reads may fail more than
+# one batch): TensorFlow re-raises one as a multi-line OpError, and reader_errors_surfaced()
+# gives the CLIs that one's one-line original back.
+_failed_reads = []
 
 
 def recording_errors(read):
@@ -19,7 +20,7 @@ def recording_errors(read):
         try:
             return read(index)
         except DatasetError as e:
-            _failed_read[:] = [e]
+            _failed_reads.append(e)
             raise
     return guarded
 
@@ -31,8 +32,10 @@ def reader_errors_surfaced():
     try:
         yield
     except tf.errors.OpError as e:
-        if _failed_read and str(_failed_read[0]) in str(e):
-            raise _failed_read[0] from None
+        failed = next((f for f in _failed_reads if str(f) in str(e)), None)
+        _failed_reads.clear()
+        if failed is not None:
+            raise failed from None
         raise
 
 

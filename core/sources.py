@@ -99,6 +99,26 @@ def id_range_error(spec: FeatureSpec, name: str, value, where: str) -> DatasetEr
                         f"[0, {spec.id_limit(name)}] ({spec.id_convention})")
 
 
+def first_non_finite(values: np.ndarray):
+    """Index of the first NaN or inf of a float array, or None (one pass over the batch)."""
+    if values.dtype.kind != "f" or not values.size:
+        return None
+    if values.dtype == np.float16:  # numpy's isfinite is slow on float16: the exponent bits
+        exponent = values.view(np.uint16) & np.uint16(0x7C00)
+        if exponent.max() < 0x7C00:
+            return None
+        return np.unravel_index(int(np.argmax(exponent == 0x7C00)), values.shape)
+    finite = np.isfinite(values)
+    if finite.all():
+        return None
+    return np.unravel_index(int(np.argmin(finite)), values.shape)
+
+
+def non_finite_error(name: str, value, where: str) -> DatasetError:
+    return DatasetError(f"{where}: feature '{name}' has the value {value}; NaN and inf are "
+                        f"never trained on (clean or impute the data)")
+
+
 LENGTH_SUFFIX = "__length"
 
 

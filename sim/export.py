@@ -1,11 +1,14 @@
 """A SavedModel of a trained SIM/DIEN/DIN: the serving signature takes the raw features of
 the spec (ids 1..cardinality; histories [n, d] left-padded with 0, most recent last) and
-returns click probabilities (training/export.py writes it)."""
+returns click probabilities, and `out_of_range_ids`: the batch's count of ids outside
+0..cardinality, each read as the padding id 0 (a history entry becomes padding) instead of
+failing the batch (training/export.py writes it)."""
 from __future__ import annotations
 
 import tensorflow as tf
 
 from sim.contract import NEGATIVE_CHANNEL, POSITIVE_CHANNEL, TARGET_CHANNEL, USER_CHANNEL
+from training.export import ids_in_range
 
 CHANNELS = {"user": USER_CHANNEL, "target": TARGET_CHANNEL, "positive": POSITIVE_CHANNEL,
             "negative": NEGATIVE_CHANNEL}
@@ -18,8 +21,10 @@ def serving(model, spec) -> tuple:
                  for c in CHANNELS.values() for f in spec.channel(c)}
 
     def probabilities(features):
-        inputs = {k: [features[f] for f in spec.channel(c)] for k, c in CHANNELS.items()}
+        checked = {f: ids_in_range(ids, spec.id_limit(f)) for f, ids in features.items()}
+        inputs = {k: [checked[f][0] for f in spec.channel(c)] for k, c in CHANNELS.items()}
         logit, _, _ = model.forward(model.lookup(inputs, training=False))
-        return tf.sigmoid(logit)
+        return {"probabilities": tf.sigmoid(logit),
+                "out_of_range_ids": tf.add_n([count for _, count in checked.values()])}
 
     return probabilities, [signature]

@@ -2,23 +2,30 @@
 
 Layout of a checkpoint directory:
   meta.json            step, data position, model shape, optimizer, world size at save time,
-                       the dynamic float16 loss scale (scale, clean steps) when there is one
+                       the dynamic float16 loss scale (scale, clean steps) when there is one,
+                       every other file's size and CRC-32 (checked at restore); written last
   dense.npz            data-parallel variables (and their optimizer slots, '<name>/m', '/v')
   table_<t>.npy        embedding table t, whole ([rows, dim]), one file per table
   table_<t>.m.npy ...  its lazy-Adam moments, when the optimizer is Adam
 Each rank writes the column slices it holds into a temporary directory; rank 0 joins slices
 of a table into its file in row chunks and renames the directory into place, so an
-interrupted save never leaves a half checkpoint. Restoring reads only the columns a rank
+interrupted save never leaves a half checkpoint (a kill between the renames of the swap is
+recovered from the complete copy beside the path: open_checkpoint). A state holding NaN or inf
+is never saved, and a failed write (a full disk) leaves the previous checkpoint; both are one
+CheckpointError on every rank. Restoring reads only the columns a rank
 holds (memory-mapped). The directory must be visible to every rank (a shared filesystem).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import zipfile
+import zlib
 
 import numpy as np
 
-from core.files import atomic_write_text, StagedDirectory
+from core.files import StagedDirectory, atomic_write_text, write_error
 
 FORMAT_VERSION = 1
 ROW_CHUNK = 1 << 16
@@ -53,54 +60,107 @@ def _table_file(table: int, slot: str = "") -> str:
 
 
 def save(path: str, trainer, position: dict) -> None:
-    """position: {'step', 'epoch', 'batch_in_epoch'} of the next batch to train on."""
-    comm, model, optimizer = trainer.comm, trainer.model, trainer.optimizer
+    """position: {'step', 'epoch', 'batch_in_epoch'} of the next batch to train on. Every
+    rank agrees after each stage, so a fault on one rank (non-finite weights, a full disk)
+    stops all of them with the same CheckpointError and leaves the previous checkpoint."""
+    comm = trainer.comm
     path = os.path.abspath(path)
-    staged = StagedDirectory(path, overwrite=True, shared=True) if comm.rank == 0 else None
+    staged = _agreed(comm, path, None, lambda: _stage(path) if comm.rank == 0 else None)
     tmp = StagedDirectory.shared_tmp_dir(path)
-    comm.barrier()
-    plan = model.plan
+    _agreed(comm, path, staged, lambda: _save_own_arrays(tmp, path, trainer))
+    meta = _meta(trainer, position)
+    _agreed(comm, path, staged, lambda: _finish(staged, trainer.model.plan,
+                                                trainer.optimizer, meta)
+            if comm.rank == 0 else None)
+
+
+def _stage(path: str) -> StagedDirectory:
+    _recover_in_place(path)
+    return StagedDirectory(path, overwrite=True, shared=True)
+
+
+def _agreed(comm, path: str, staged, stage):
+    """Run one stage of a save on every rank; when it fails on any rank (a CheckpointError,
+    or an OSError such as a full disk), discard the staged directory and raise on all."""
+    import tensorflow as tf
+    problem = None
+    try:
+        result = stage()
+    except CheckpointError as e:
+        problem, result = str(e), None
+    except OSError as e:
+        problem, result = str(write_error(path, e)), None
+    failures = comm.allreduce_sum(tf.constant(float(problem is not None)),
+                                  name="checkpoint_stage_failures")
+    if float(failures) == 0:
+        return result
+    if staged is not None:
+        staged.discard()
+    raise CheckpointError(problem or f"checkpoint {path} not saved: another rank failed to "
+                                     f"write it (its error is on its output)")
+
+
+def _finite(name: str, values: np.ndarray, path: str) -> np.ndarray:
+    """values, after checking that none is NaN or inf: a poisoned state is never saved."""
+    bad = values.size - int(np.count_nonzero(np.isfinite(values)))
+    if bad:
+        raise CheckpointError(f"refusing to save checkpoint {path}: '{name}' holds {bad} "
+                              f"NaN/inf value(s) (the run diverged?); {path} is left as it "
+                              f"was")
+    return values
+
+
+def _save_own_arrays(tmp: str, path: str, trainer) -> None:
+    """This rank's table slices and slots; rank 0 adds the replicated tables and dense.npz."""
+    comm, model, optimizer = trainer.comm, trainer.model, trainer.optimizer
     table_keys = {var.ref(): f"table/{i}" for i, (_, var) in enumerate(trainer.table_pairs)}
     for piece, var in zip(model.embeddings.local_pieces, model.embeddings.piece_variables):
-        slots = optimizer.slots(table_keys.get(var.ref(), ""))
-        np.save(os.path.join(tmp, _piece_file(piece.table, piece.col_start, piece.col_stop)),
-                var.numpy())
-        for slot, slot_var in slots.items():
-            np.save(os.path.join(tmp, _piece_file(piece.table, piece.col_start,
-                                                  piece.col_stop, slot)), slot_var.numpy())
-    if comm.rank == 0:
-        for table, var in model.embeddings.replicated_variables.items():
-            np.save(os.path.join(tmp, _table_file(table)), var.numpy())
-            for slot, slot_var in optimizer.slots(table_keys.get(var.ref(), "")).items():
-                np.save(os.path.join(tmp, _table_file(table, slot)), slot_var.numpy())
-        dense = {}
-        for name, var in model.dense_variables().items():
-            dense[name] = var.numpy()
-            for slot, slot_var in optimizer.slots(name).items():
-                dense[f"{name}/{slot}"] = slot_var.numpy()
-        np.savez(os.path.join(tmp, "dense.npz"), **dense)
-        for table, dynamic in model.embeddings.dynamic.items():
-            np.savez(os.path.join(tmp, _dynamic_file(table)), **dynamic.state())
-        iterations = getattr(optimizer, "iterations", None)
-        meta = {"format_version": FORMAT_VERSION, "position": position,
-                "model": _model_shape(model), "optimizer": type(optimizer).__name__.lower(),
-                "optimizer_iterations": int(iterations.numpy()) if iterations is not None else 0,
-                "saved_world_size": comm.size}
-        scaler = getattr(trainer, "loss_scale", None)
-        if scaler is not None and scaler.dynamic:
-            meta["loss_scale"] = {"scale": float(scaler.scale.numpy()),
-                                  "clean_steps": int(scaler.clean_steps.numpy())}
-        atomic_write_text(os.path.join(tmp, "meta.json"), json.dumps(meta, indent=1))
-    comm.barrier()
-    if comm.rank == 0:
-        slots = [""] + list(optimizer.slot_names)
-        for table in range(plan.num_tables):
-            if table in plan.replicated:
-                continue
-            for slot in slots:
-                _join_pieces(tmp, plan, table, slot)
-        staged.publish()
-    comm.barrier()
+        named = {"": var, **optimizer.slots(table_keys.get(var.ref(), ""))}
+        for slot, v in named.items():
+            np.save(os.path.join(tmp, _piece_file(piece.table, piece.col_start, piece.col_stop,
+                                                  slot)),
+                    _finite(f"table {piece.table}{' ' + slot if slot else ''}", v.numpy(), path))
+    if comm.rank != 0:
+        return
+    for table, var in model.embeddings.replicated_variables.items():
+        named = {"": var, **optimizer.slots(table_keys.get(var.ref(), ""))}
+        for slot, v in named.items():
+            np.save(os.path.join(tmp, _table_file(table, slot)),
+                    _finite(f"table {table}{' ' + slot if slot else ''}", v.numpy(), path))
+    dense = {}
+    for name, var in model.dense_variables().items():
+        dense[name] = _finite(name, var.numpy(), path)
+        for slot, slot_var in optimizer.slots(name).items():
+            dense[f"{name}/{slot}"] = _finite(f"{name}/{slot}", slot_var.numpy(), path)
+    np.savez(os.path.join(tmp, "dense.npz"), **dense)
+    for table, dynamic in model.embeddings.dynamic.items():
+        np.savez(os.path.join(tmp, _dynamic_file(table)), **dynamic.state())
+
+
+def _meta(trainer, position: dict) -> dict:
+    model, optimizer = trainer.model, trainer.optimizer
+    iterations = getattr(optimizer, "iterations", None)
+    meta = {"format_version": FORMAT_VERSION, "position": position,
+            "model": _model_shape(model), "optimizer": type(optimizer).__name__.lower(),
+            "optimizer_iterations": int(iterations.numpy()) if iterations is not None else 0,
+            "saved_world_size": trainer.comm.size}
+    scaler = getattr(trainer, "loss_scale", None)
+    if scaler is not None and scaler.dynamic:
+        meta["loss_scale"] = {"scale": float(scaler.scale.numpy()),
+                              "clean_steps": int(scaler.clean_steps.numpy())}
+    return meta
+
+
+def _finish(staged: StagedDirectory, plan, optimizer, meta: dict) -> None:
+    """Rank 0: join the slices of each table, then write meta.json (with every file's
+    checksum) last, then publish."""
+    for table in range(plan.num_tables):
+        if table in plan.replicated:
+            continue
+        for slot in [""] + list(optimizer.slot_names):
+            _join_pieces(staged.tmp_dir, plan, table, slot)
+    _write_meta(staged.tmp_dir, meta)
+    staged.publish()
 
 
 def _join_pieces(directory: str, plan, table: int, slot: str) -> None:
@@ -126,18 +186,96 @@ def _join_pieces(directory: str, plan, table: int, slot: str) -> None:
         os.unlink(f)
 
 
-def read_meta(path: str) -> dict:
-    meta_path = os.path.join(path, "meta.json")
+META_FILE = "meta.json"
+_CHUNK = 1 << 22
+
+
+def _crc32(file: str) -> int:
+    crc = 0
+    with open(file, "rb") as f:
+        for block in iter(lambda: f.read(_CHUNK), b""):
+            crc = zlib.crc32(block, crc)
+    return crc
+
+
+def _write_meta(directory: str, meta: dict) -> None:
+    """meta.json, written last: it lists every file of the checkpoint with its size and
+    CRC-32, so a restore can tell a complete, intact checkpoint from a damaged one."""
+    files = sorted(f for f in os.listdir(directory) if f != META_FILE)
+    meta = dict(meta, files={f: {"bytes": os.path.getsize(os.path.join(directory, f)),
+                                 "crc32": _crc32(os.path.join(directory, f))} for f in files})
+    atomic_write_text(os.path.join(directory, META_FILE), json.dumps(meta, indent=1))
+
+
+def _verified_meta(path: str) -> dict:
+    """meta.json of a checkpoint, after checking every file it lists (checkpoints written
+    before checksums list none)."""
+    meta_path = os.path.join(path, META_FILE)
     if not os.path.isfile(meta_path):
-        raise CheckpointError(f"no checkpoint at {path} (missing meta.json)")
-    with open(meta_path) as f:
-        return json.load(f)
+        raise CheckpointError(f"no checkpoint at {path} (missing {META_FILE})")
+    try:
+        with open(meta_path) as f:
+            meta = json.load(f)
+    except ValueError as e:
+        raise CheckpointError(f"checkpoint file {meta_path} is corrupt ({e})") from None
+    for name, saved in meta.get("files", {}).items():
+        file = os.path.join(path, name)
+        if not os.path.isfile(file):
+            raise CheckpointError(f"checkpoint file missing: {file}")
+        size = os.path.getsize(file)
+        if size != saved["bytes"]:
+            raise CheckpointError(f"checkpoint file {file} has {size} bytes, {saved['bytes']} "
+                                  f"were saved (truncated or overwritten)")
+        if _crc32(file) != saved["crc32"]:
+            raise CheckpointError(f"checkpoint file {file} is corrupt (its CRC-32 differs "
+                                  f"from the one saved in {META_FILE})")
+    return meta
+
+
+def _complete_copy(path: str):
+    """(directory, meta) of the newest complete, intact copy a save killed between its
+    renames left beside path (StagedDirectory.interrupted_copies), or None."""
+    complete = []
+    for copy in StagedDirectory.interrupted_copies(path):
+        try:
+            complete.append((os.path.getmtime(os.path.join(copy, META_FILE)), copy,
+                             _verified_meta(copy)))
+        except (CheckpointError, OSError):
+            continue
+    return max(complete)[1:] if complete else None
+
+
+def open_checkpoint(path: str, announce: bool = True) -> tuple:
+    """(directory to read, verified meta) of the checkpoint at path. When path holds none
+    but a save was killed between its renames, the newest complete copy beside it is used,
+    with a line saying so (announce: this process prints it)."""
+    path = os.path.abspath(path)
+    if not os.path.isfile(os.path.join(path, META_FILE)):
+        found = _complete_copy(path)
+        if found is not None:
+            if announce:
+                print(f"checkpoint: {path} is missing (a save was interrupted); restoring "
+                      f"its complete copy {found[0]}", flush=True)
+            return found
+    return path, _verified_meta(path)
+
+
+def _recover_in_place(path: str) -> None:
+    """Before a save stages over them: a complete copy an interrupted save left beside path
+    is moved to path, so the save that replaces it never destroys the newest checkpoint."""
+    if os.path.exists(path):
+        return
+    found = _complete_copy(path)
+    if found is not None:
+        os.rename(found[0], path)
+        print(f"checkpoint: moved the complete copy {found[0]} of an interrupted save back "
+              f"to {path}", flush=True)
 
 
 def restore(path: str, trainer) -> dict:
     """Load weights (and matching optimizer slots) into the trainer; return the position."""
     model, optimizer = trainer.model, trainer.optimizer
-    meta = read_meta(path)
+    path, meta = open_checkpoint(path, announce=trainer.comm.rank == 0)
     expected = _model_shape(model)
     mismatched = [f"{k}: checkpoint has {meta['model'].get(k)}, flags give {v}"
                   for k, v in expected.items() if meta["model"].get(k) != v]
@@ -145,7 +283,8 @@ def restore(path: str, trainer) -> dict:
         raise CheckpointError(f"checkpoint {path} does not match the model: "
                               + "; ".join(mismatched))
     same_optimizer = meta["optimizer"] == type(optimizer).__name__.lower()
-    with np.load(os.path.join(path, "dense.npz")) as dense:
+    dense_file = os.path.join(path, "dense.npz")
+    with _unreadable_as_error(dense_file), np.load(dense_file) as dense:
         for name, var in model.dense_variables().items():
             var.assign(dense[name])
             if same_optimizer:
@@ -163,7 +302,8 @@ def restore(path: str, trainer) -> dict:
                 slot_var.assign(_read_columns(os.path.join(path, _table_file(table, slot)),
                                               c0, c1))
     for table, dynamic in model.embeddings.dynamic.items():
-        with np.load(os.path.join(path, _dynamic_file(table))) as state:
+        dynamic_file = os.path.join(path, _dynamic_file(table))
+        with _unreadable_as_error(dynamic_file), np.load(dynamic_file) as state:
             dynamic.load(dict(state))
     iterations = getattr(optimizer, "iterations", None)
     if iterations is not None and same_optimizer:
@@ -184,8 +324,18 @@ def _restore_loss_scale(scaler, meta: dict) -> None:
 def _read_columns(file: str, c0: int, c1: int) -> np.ndarray:
     if not os.path.isfile(file):
         raise CheckpointError(f"checkpoint file missing: {file}")
-    table = np.load(file, mmap_mode="r")
-    return np.ascontiguousarray(table[:, c0:c1])
+    with _unreadable_as_error(file):
+        return np.ascontiguousarray(np.load(file, mmap_mode="r")[:, c0:c1])
+
+
+@contextlib.contextmanager
+def _unreadable_as_error(file: str):
+    """A checkpoint file numpy cannot read (one saved before checksums, damaged) as one
+    line naming it."""
+    try:
+        yield
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as e:
+        raise CheckpointError(f"checkpoint file {file} is unreadable ({e})") from None
 
 
 # ---- whole-model checkpoints of data-parallel families (Wide & Deep, SIM) ----------------
@@ -195,24 +345,30 @@ ARRAYS_FILE = "arrays.npz"
 def save_arrays(path: str, arrays: dict, meta: dict, comm) -> None:
     """Rank 0 writes {name: array} and meta into a staged directory, then swaps it in for the
     previous checkpoint, which stays until the new one is complete. Every rank holds the
-    same replica, so the checkpoint does not depend on the world size."""
+    same replica, so the checkpoint does not depend on the world size, and every rank finds
+    the same non-finite array (a CheckpointError on all; nothing written)."""
     path = os.path.abspath(path)
-    if comm.rank == 0:
-        with StagedDirectory(path, overwrite=True, shared=True) as staged:
-            np.savez(os.path.join(staged.tmp_dir, ARRAYS_FILE), **arrays)
-            atomic_write_text(os.path.join(staged.tmp_dir, "meta.json"),
-                              json.dumps(dict(meta, format_version=FORMAT_VERSION,
-                                              saved_world_size=comm.size), indent=1))
-    comm.barrier()
+    for name, values in arrays.items():
+        _finite(name, values, path)
+    meta = dict(meta, format_version=FORMAT_VERSION, saved_world_size=comm.size)
+    staged = _agreed(comm, path, None, lambda: _stage(path) if comm.rank == 0 else None)
+    _agreed(comm, path, staged, lambda: _write_arrays(staged, arrays, meta)
+            if comm.rank == 0 else None)
+
+
+def _write_arrays(staged: StagedDirectory, arrays: dict, meta: dict) -> None:
+    np.savez(os.path.join(staged.tmp_dir, ARRAYS_FILE), **arrays)
+    _write_meta(staged.tmp_dir, meta)
+    staged.publish()
 
 
 def load_arrays(path: str) -> tuple:
     """({name: array}, meta) of a checkpoint written by save_arrays."""
-    meta = read_meta(path)
+    path, meta = open_checkpoint(path)
     file = os.path.join(path, ARRAYS_FILE)
     if not os.path.isfile(file):
         raise CheckpointError(f"checkpoint file missing: {file}")
-    with np.load(file) as data:
+    with _unreadable_as_error(file), np.load(file) as data:
         return {name: data[name] for name in data.files}, meta
 
 

@@ -1,13 +1,13 @@
 """SavedModel export for every family: the family gives its model, a function from the serving
-inputs to click probabilities and the inputs' TensorSpecs; the SavedModel (signature
-`serving_default`, output `probabilities`) is written into a staged directory renamed into
-place, so a crash never leaves half an export."""
+inputs to click probabilities (or to a dict of outputs holding them) and the inputs'
+TensorSpecs; the SavedModel (signature `serving_default`, output `probabilities`, plus the
+family's other outputs such as `out_of_range_ids`) is written into a staged directory renamed
+into place, so a crash never leaves half an export."""
 from __future__ import annotations
 
 import tensorflow as tf
 
 from core.dynamic import DynamicTable
-
 from core.files import StagedDirectory
 
 
@@ -19,7 +19,21 @@ class ServingModel(tf.Module):
         self.serve = tf.function(self._serve, input_signature=signature)
 
     def _serve(self, *inputs):
-        return {"probabilities": self._probabilities(*inputs)}
+        out = self._probabilities(*inputs)
+        return out if isinstance(out, dict) else {"probabilities": out}
+
+
+OUT_OF_RANGE_ROW = 0  # the row an id outside its table reads at serving time
+
+
+def ids_in_range(ids, highest: int, counted=None) -> tuple:
+    """(ids with every id outside [0, highest] replaced by OUT_OF_RANGE_ROW, how many were
+    outside), so one unknown id does not fail a whole serving batch. counted: a boolean mask
+    of the positions that hold ids (a multi-hot row's first `length`); None: all."""
+    outside = (ids < 0) | (ids > highest)
+    tallied = outside if counted is None else outside & counted
+    return (tf.where(outside, tf.constant(OUT_OF_RANGE_ROW, ids.dtype), ids),
+            tf.reduce_sum(tf.cast(tallied, tf.int64)))
 
 
 def export_saved_model(model, probabilities, signature: list, output_path: str,

@@ -1,0 +1,224 @@
+"""Faults in the data, each one line naming file, row (or record) and feature: NaN/inf in a
+float feature (split binary float16/float32, parquet), a TFRecord record whose CRC does not
+match (data or length; a file of random bytes), and a full disk under a dataset writer (the
+previous output kept, nothing half-written)."""
+import errno
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from conftest import ROOT
+from core.columnar import ColumnarWriter, open_reader, write_columns
+from core.crc32c import BLOCK, crc32c_many, masked
+from core.feature_spec import FeatureSpec
+from core.files import FileError
+from core.sources import DatasetError, load_spec
+from datasets import SplitBinaryReader
+from dlrm_contract import DLRM_CONTRACT
+
+
+def bitwise_crc32c(data: bytes) -> int:
+    """CRC-32C bit by bit, from its definition (reflected polynomial 0x82F63B78)."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ 0x82F63B78 if crc & 1 else crc >> 1
+    return crc ^ 0xFFFFFFFF
+
+
+def test_crc32c_matches_the_definition_at_every_length_class():
+    assert bitwise_crc32c(b"123456789") == 0xE3069283  # the published check value
+    rng = np.random.default_rng(0)
+    lengths = [0, 1, 3, 4, 5, 77, BLOCK - 1, BLOCK, BLOCK + 1, 2 * BLOCK + 300]
+    parts = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in lengths]
+    starts = np.cumsum([0] + lengths[:-1])
+    got = crc32c_many(b"".join(parts), starts, starts + np.array(lengths))
+    assert [int(c) for c in got] == [bitwise_crc32c(p) for p in parts]
+
+
+def test_masked_crcs_are_those_tensorflow_writes(tmp_path):
+    import tensorflow as tf
+    records = [b"abcd", b"x" * 300, bytes(range(256)) * 3]
+    path = str(tmp_path / "r.tfrecord")
+    with tf.io.TFRecordWriter(path) as writer:
+        for record in records:
+            writer.write(record)
+    raw, position = open(path, "rb").read(), 0
+    for record in records:
+        length_crc, data_crc = np.frombuffer(raw, "<u4", 1, position + 8)[0], \
+            np.frombuffer(raw, "<u4", 1, position + 12 + len(record))[0]
+        assert masked(crc32c_many(raw, [position], [position + 8]))[0] == length_crc
+        assert masked(crc32c_many(raw, [position + 12],
+                                  [position + 12 + len(record)]))[0] == data_crc
+        position += 16 + len(record)
+
+
+# ---- NaN and inf ------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,value", [("float16", np.nan), ("float32", np.inf),
+                                         ("float32", -np.inf)])
+def test_non_finite_numerical_value_names_file_row_and_feature(write_dataset, dtype, value):
+    spec = FeatureSpec.get_default(4, [5, 300], numerical_dtype=dtype)
+    loaded, arrays = write_dataset(spec, {"train": 1000, "test": 10})
+    path = loaded.feature_files("train")["numerical"]
+    values = np.fromfile(path, dtype).reshape(-1, 4)
+    values[700, 2] = values[900, 1] = value
+    values.tofile(path)
+    reader = SplitBinaryReader(loaded, "train", batch_size=256)
+    reader.get(0), reader.get(1)  # rows 0..511 are clean
+    with pytest.raises(DatasetError) as error:
+        reader.get(2)
+    assert str(error.value).startswith(f"{path} row 700: feature '{loaded.numerical_features[2]}'")
+    assert ("nan" if np.isnan(value) else "inf") in str(error.value)
+    sharded = SplitBinaryReader(loaded, "train", batch_size=256, rank=1, world_size=2)
+    with pytest.raises(DatasetError, match=f"row 900: feature '{loaded.numerical_features[1]}'"):
+        sharded.get(3)  # rank 1 holds rows 896..1023 of batch 3
+
+
+def test_nan_in_dlrm_training_is_one_line_and_nothing_is_saved(write_dataset, tmp_path):
+    spec = FeatureSpec.get_default(13, [1000, 50, 7])
+    loaded, _ = write_dataset(spec, {"train": 2048, "test": 256})
+    path = loaded.feature_files("train")["numerical"]
+    values = np.fromfile(path, np.float16).reshape(-1, 13)
+    values[1000, 3] = values[1500, 7] = np.nan  # the issue's reproduction
+    values.tofile(path)
+    checkpoint = tmp_path / "ck"
+    proc = subprocess.run(
+        [sys.executable, "main.py", "--dataset_path", loaded.base_directory, "--cpu",
+         "--batch_size", "256", "--valid_batch_size", "256", "--embedding_dim", "8",
+         "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--max_steps", "8",
+         "--save_checkpoint_path", str(checkpoint), "--log_path", str(tmp_path / "log.json")],
+        cwd=ROOT, capture_output=True, text=True,
+        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: {path} row 1000: feature 'num_3' has the value nan; NaN and "
+                      f"inf are never trained on (clean or impute the data)"]
+    assert "Traceback" not in proc.stderr
+    assert not os.path.exists(checkpoint)
+
+
+def wide_deep_dataset(tmp_path):
+    from wide_and_deep import generate_feature_spec, synthetic
+    spec = str(tmp_path / "spec.yaml")
+    assert generate_feature_spec.main(["--dst", spec, "--onehot", "40:8", "--multihot", "20:4",
+                                       "--num_numerical", "3"]) == 0
+    dst = str(tmp_path / "wd")
+    assert synthetic.main(["--feature_spec", spec, "--dst", dst, "--train_rows", "3000",
+                           "--test_rows", "500"]) == 0
+    return dst
+
+
+def test_nan_in_a_parquet_column_names_file_row_and_feature(tmp_path):
+    from wide_and_deep.contract import WIDE_DEEP_CONTRACT
+    dst = wide_deep_dataset(tmp_path)
+    spec = load_spec(dst, WIDE_DEEP_CONTRACT)
+    chunk = spec.source_spec["train"][0]
+    path = os.path.join(dst, chunk["files"][0])
+    table = pd.read_parquet(path)
+    numerical = spec.channel("numerical")[1]
+    table.loc[1234, numerical] = np.inf
+    table.to_parquet(path)
+    reader = open_reader(load_spec(dst, WIDE_DEEP_CONTRACT), "train", 1000)
+    reader.get(0)
+    with pytest.raises(DatasetError, match=f"^{path} row 1234: feature '{numerical}' has the "
+                                           f"value inf"):
+        reader.get(1)
+
+
+# ---- TFRecord integrity -----------------------------------------------------------------
+def sim_dataset(tmp_path):
+    from sim.synthetic import write
+    dst = str(tmp_path / "sim")
+    write(dst, users=300, items=50, categories=5, history_length=100)
+    return dst
+
+
+def record_bounds(path):
+    """(start, end) of every record of a TFRecord file, from its length fields."""
+    raw, bounds, position = open(path, "rb").read(), [], 0
+    while position < len(raw):
+        end = position + 16 + int(np.frombuffer(raw, "<u8", 1, position)[0])
+        bounds.append((position, end))
+        position = end
+    return bounds
+
+
+def sim_reader(dst, mapping="train", batch=64):
+    from sim.contract import SIM_CONTRACT
+    return open_reader(load_spec(dst, SIM_CONTRACT), mapping, batch)
+
+
+def test_a_flipped_data_byte_is_the_corrupt_record_named(tmp_path):
+    dst = sim_dataset(tmp_path)
+    reader = sim_reader(dst)
+    path = reader.parts[0].paths[0]
+    start, end = record_bounds(path)[100]
+    with open(path, "r+b") as f:  # a label-sized change, the record's CRCs kept
+        f.seek(end - 10)
+        byte = f.read(1)
+        f.seek(end - 10)
+        f.write(bytes([byte[0] ^ 0x01]))
+    reader = sim_reader(dst)
+    reader.get(0)  # records 0..63 are intact
+    with pytest.raises(DatasetError, match=f"^{path}: record 100: corrupt data \\(CRC mismatch"):
+        reader.get(1)
+
+
+def test_a_damaged_length_is_named_when_the_file_is_opened(tmp_path):
+    dst = sim_dataset(tmp_path)
+    path = sim_reader(dst).parts[0].paths[0]
+    start, _ = record_bounds(path)[7]
+    with open(path, "r+b") as f:
+        f.seek(start)
+        f.write(np.array([12], "<u8").tobytes())  # a plausible length, its CRC kept
+    with pytest.raises(DatasetError, match=f"^{path}: record 7: corrupt length"):
+        sim_reader(dst)
+
+
+def test_a_tfrecord_of_random_bytes_names_the_file(tmp_path):
+    dst = sim_dataset(tmp_path)
+    path = sim_reader(dst).parts[0].paths[0]
+    with open(path, "wb") as f:
+        f.write(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8).tobytes())
+    with pytest.raises(DatasetError, match=f"^{path}: record 0: corrupt length"):
+        sim_reader(dst)
+    proc = subprocess.run([sys.executable, "-m", "sim.main", "--dataset_dir", dst, "--cpu",
+                           "--results_dir", str(tmp_path / "r"), "--epochs", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {path}: record 0: corrupt length (CRC mismatch; the file is damaged or not "
+        f"a TFRecord file)")
+
+
+# ---- a full disk under a dataset writer -------------------------------------------------
+@pytest.mark.parametrize("output_format", ["parquet", "tfrecord"])
+def test_a_full_disk_keeps_the_previous_dataset_and_leaves_no_temp(tmp_path, monkeypatch,
+                                                                    output_format):
+    spec = FeatureSpec.get_default(2, [10])
+    columns = {"num_0": np.ones(50, np.float32), "num_1": np.zeros(50, np.float32),
+               "cat_0": np.arange(50) % 10, "label": np.ones(50, bool)}
+    out = str(tmp_path / "out")
+    write_columns(out, spec, {"train": columns, "test": columns}, output_format)
+    before = sorted(os.listdir(out)), open(os.path.join(out, "feature_spec.yaml")).read()
+
+    def full_disk(self, path, *args):
+        with open(path, "wb") as f:
+            f.write(b"half")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), path)
+    writer_method = "_write_parquet" if output_format == "parquet" else "_write_tfrecord"
+    monkeypatch.setattr(ColumnarWriter, writer_method, full_disk)
+    with pytest.raises(FileError) as error:
+        write_columns(out, spec, {"train": columns, "test": columns}, output_format,
+                      rows_per_file=20, overwrite=True)
+    assert str(error.value).startswith(f"cannot write {out} (")
+    assert "No space left on device" in str(error.value)
+    assert sorted(os.listdir(tmp_path)) == ["out"]  # no staged directory left
+    assert (sorted(os.listdir(out)), open(os.path.join(out, "feature_spec.yaml")).read()) \
+        == before
