@@ -113,6 +113,10 @@ def _check_csv_channels(path: str, fs: dict, cs: dict) -> dict:
         if card != AUTO and (isinstance(card, bool) or not isinstance(card, int) or card < 1):
             raise FeatureSpecError(f"{path}: feature '{name}': cardinality must be a positive "
                                    f"integer or 'auto', found {card!r}")
+        if "dynamic" in props and card == AUTO:
+            raise FeatureSpecError(f"{path}: feature '{name}' is dynamic: its cardinality is "
+                                   f"the table's capacity, which transcode cannot infer from "
+                                   f"ids that may be any int64; give an integer")
         feature_hotness(name, props, f"{path}: ")
     return channel_of
 

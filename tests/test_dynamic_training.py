@@ -122,3 +122,43 @@ def test_day_one_ids_get_rows_of_their_own(tmp_path):
     assert not before & day1_only
     assert day1_only <= after  # every id first seen on day 1 holds a row
     assert sorted(step_losses(tmp_path / "day1.json")) == list(range(1, 7))  # a new run
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["--dynamic_min_count", "0"], "--dynamic_min_count must be >= 1, found 0"),
+    (["--dynamic_features", "nope"], "dynamic feature 'nope' has no table"),
+    (["--xla"], "--xla compiles fixed shapes"),
+])
+def test_bad_dynamic_settings_are_one_line(tmp_path, extra, message):
+    data = write_day(tmp_path / "d", np.arange(10), 512, 5)
+    args = [a for a in MODEL if a not in ("all", "--dynamic_features")] \
+        if "--dynamic_features" in extra else MODEL
+    proc = run_main(*args, "--dataset_path", data, *extra, expect_ok=False)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and lines[-1].startswith("error: ") and message in lines[-1]
+
+
+def test_bad_dynamic_spec_entries_are_one_line(tmp_path):
+    import yaml
+    data = write_day(tmp_path / "d", np.arange(10), 512, 6)
+    for entry, message in (({"min_count": 0}, "min_count must be an integer >= 1"),
+                           ({"eviction": "lfu"}, "eviction must be one of ['lru']")):
+        raw = yaml.safe_load(open(os.path.join(data, "feature_spec.yaml")))
+        raw["feature_spec"]["cat_0"]["dynamic"] = entry
+        yaml.safe_dump(raw, open(os.path.join(data, "feature_spec.yaml"), "w"))
+        proc = run_main(*MODEL[:-4], "--dataset_path", data, expect_ok=False)
+        assert proc.returncode == 2 and message in proc.stderr.strip().splitlines()[-1]
+
+
+def test_dynamic_tables_refuse_several_processes(tmp_path):
+    import subprocess
+    import sys
+    from conftest import ROOT, require_or_skip
+    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+    require_or_skip(os.path.exists(horovodrun), "horovodrun not installed")
+    data = write_day(tmp_path / "d", np.arange(10), 512, 7)
+    proc = subprocess.run([horovodrun, "-np", "2", "-H", "localhost:2", "--gloo",
+                           sys.executable, "main.py", *MODEL, "--dataset_path", data],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "dynamic tables [0, 1] run in one process for now; found 2 processes" in proc.stderr
