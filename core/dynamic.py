@@ -74,16 +74,25 @@ class DynamicTable(tf.Module):
         self.last_used.scatter_update(tf.IndexedSlices(
             tf.fill(tf.shape(tf.boolean_mask(held, known)), now), tf.boolean_mask(held, known)))
         new_ids = tf.boolean_mask(distinct, ~known)
-        seen = tf.reshape(self.pending.lookup(new_ids), [-1]) + tf.boolean_mask(counts, ~known)
+        if self.spec.min_count == 1:  # every new id is ready: no counts to keep
+            admitted, new_rows = self._admit(new_ids, now)
+        else:
+            admitted, new_rows = self._admit_counted(new_ids, tf.boolean_mask(counts, ~known),
+                                                     now)
+        rows = self.lookup(distinct)
+        return tf.reshape(tf.gather(rows, position), tf.shape(ids)), new_rows
+
+    def _admit_counted(self, new_ids, counts, now):
+        """_admit for the ids whose pending count reaches min_count; the others (and ready
+        ids that found no row) keep their counts for the next batches."""
+        seen = tf.reshape(self.pending.lookup(new_ids), [-1]) + counts
         ready = seen >= self.spec.min_count
         admitted, new_rows = self._admit(tf.boolean_mask(new_ids, ready), now)
-        # ready ids beyond the rows found keep their count for the next batch
         ready_rank = tf.cumsum(tf.cast(ready, tf.int32)) - 1
         waiting = ~tf.logical_and(ready, ready_rank < tf.size(admitted))
         self.pending.remove(admitted)
         self.pending.insert(tf.boolean_mask(new_ids, waiting), tf.boolean_mask(seen, waiting))
-        rows = self.lookup(distinct)
-        return tf.reshape(tf.gather(rows, position), tf.shape(ids)), new_rows
+        return admitted, new_rows
 
     def _admit(self, candidates, now):
         """Rows for candidates in order (fresh rows first, then least recently used ones not
@@ -91,17 +100,10 @@ class DynamicTable(tf.Module):
         fresh = tf.minimum(tf.size(candidates, tf.int64),
                            self.capacity - 1 - self.allocated)
         fresh_rows = self.allocated + 1 + tf.range(fresh)
-        # rows 1..allocated not used by this batch can be evicted, least recently used first
-        age = tf.where(tf.logical_and(self.last_used < now,
-                                      tf.range(self.capacity, dtype=tf.int64) >= 1),
-                       self.last_used, tf.int64.max)
-        age = tf.where(tf.range(self.capacity, dtype=tf.int64) <= self.allocated, age,
-                       tf.int64.max)
-        evictable = tf.reduce_sum(tf.cast(age < tf.int64.max, tf.int64))
-        wanted = tf.minimum(tf.size(candidates, tf.int64) - fresh, evictable)
-        # top_k of the negated age: the oldest rows, the lowest row first among equals
-        _, oldest = tf.math.top_k(-age, k=tf.cast(wanted, tf.int32))
-        evicted = tf.cast(oldest, tf.int64)
+        wanted = tf.size(candidates, tf.int64) - fresh
+        # only a full table looks for rows to evict (a pass over all its rows)
+        evicted = tf.cond(wanted > 0, lambda: self._oldest_rows(wanted, now),
+                          lambda: tf.zeros([0], tf.int64))
         self.rows.remove(tf.gather(self.row_ids, evicted))
         rows = tf.concat([fresh_rows, evicted], 0)
         admitted = candidates[:tf.size(rows)]
@@ -110,17 +112,31 @@ class DynamicTable(tf.Module):
         self.last_used.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), now), rows))
         self.allocated.assign_add(fresh)
         self.admissions.assign_add(tf.size(rows, tf.int64))
-        self.evictions.assign_add(wanted)
+        self.evictions.assign_add(tf.size(evicted, tf.int64))
         return admitted, rows
+
+    def _oldest_rows(self, wanted, now):
+        """Up to `wanted` rows among 1..allocated not used at `now`, least recently used
+        first, the lowest row first among equals."""
+        row = tf.range(self.capacity, dtype=tf.int64)
+        evictable = (self.last_used < now) & (row >= 1) & (row <= self.allocated)
+        age = tf.where(evictable, self.last_used, tf.int64.max)
+        k = tf.minimum(wanted, tf.reduce_sum(tf.cast(evictable, tf.int64)))
+        _, oldest = tf.math.top_k(-age, k=tf.cast(k, tf.int32))  # stable: lower index first
+        return tf.cast(oldest, tf.int64)
 
     def redraw(self, table, rows, seed: int) -> None:
         """Draw `rows` of `table` again, uniform in +-sqrt(1/capacity) as every table starts;
         a stateless draw keyed by (seed, batch clock), so a resumed run draws the same."""
         bound = tf.sqrt(1.0 / self.capacity)
-        values = tf.random.stateless_uniform(
-            [tf.size(rows), tf.shape(table)[1]], tf.stack([tf.cast(seed, tf.int64), self.clock]),
-            -bound, bound)
-        table.scatter_update(tf.IndexedSlices(tf.cast(values, table.dtype), rows))
+
+        def draw():
+            values = tf.random.stateless_uniform(
+                [tf.size(rows), tf.shape(table)[1]],
+                tf.stack([tf.cast(seed, tf.int64), self.clock]), -bound, bound)
+            table.scatter_update(tf.IndexedSlices(tf.cast(values, table.dtype), rows))
+            return tf.constant(True)
+        tf.cond(tf.size(rows) > 0, draw, lambda: tf.constant(False))
 
     # ---- state (checkpoints) ------------------------------------------------------------
     def state(self) -> dict:
