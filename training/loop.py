@@ -139,7 +139,7 @@ class _Reporter:
         self.bytes_sent = self._bytes()
 
     def report(self, epoch: int, step: int, loss) -> None:
-        self.trainer.check_finite()  # the only host sync of the training steps
+        self.trainer.check_diverged()  # the only host sync of the training steps
         report = self.progress.report(step)
         rates = self.trainer.learning_rates(step - 1)
         loss = float(loss)
@@ -180,7 +180,7 @@ class _Run:
         return self.config.benchmark_steps > 0
 
     def evaluate(self) -> None:
-        self.trainer.check_finite()
+        self.trainer.check_diverged()
         with self.trainer.comm.waiting("the evaluation (gather and broadcast)", self.step):
             metrics = self.evaluator()
         if self.epoch_losses:
@@ -196,7 +196,7 @@ class _Run:
     def save(self) -> None:
         if self.save_fn is None or self.benchmark or self.last_saved_step == self.step:
             return
-        self.trainer.check_finite()  # a diverged state is never saved
+        self.trainer.check_diverged()  # a diverged state is never saved
         with self.trainer.comm.waiting("the checkpoint's barrier", self.step):
             where = self.save_fn(next_position(self.step, self.epoch, self.batch_in_epoch,
                                                self.steps_per_epoch))
@@ -242,6 +242,7 @@ class _Run:
                           f"{self.trainer.comm.size} process(es)")
         while self.step < self.total_steps and (self.benchmark or self.epoch < config.epochs):
             self.run_epoch()
+        self.trainer.check_diverged()
         if not self.benchmark and self.last_eval_step != self.step:
             self.evaluate()
         elapsed = time.perf_counter() - start
