@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from training.interrupt import StopOnSignal
 from training.metrics import log_loss, mean_average_precision_at_k, roc_auc
 from training.progress import Progress, StepTimer
 
@@ -159,6 +160,7 @@ class _Run:
 
     def __init__(self, trainer, data, evaluator, logger, config: LoopConfig, position, save):
         self.trainer, self.data, self.evaluator = trainer, data, evaluator
+        self.stop = StopOnSignal(trainer.comm.rank)
         self.logger, self.config, self.save_fn = logger, config, save
         self.steps_per_epoch = config.steps_per_epoch(len(data))
         if self.steps_per_epoch == 0:
@@ -229,6 +231,7 @@ class _Run:
                 loss = self.trainer.train_step(batch, self.step)
             self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
             self.reporter.progress.step_done()
+            self.stop.check(self.step)  # before the step's evaluation or checkpoint
             self.after_step(loss, rows)
             if self.step >= self.total_steps:
                 return  # the epoch is not advanced here: save() derives the next position
@@ -240,8 +243,10 @@ class _Run:
         self.logger.print(f"training: {self.total_steps} steps ({self.steps_per_epoch} per "
                           f"epoch), global batch {config.batch_size}, "
                           f"{self.trainer.comm.size} process(es)")
-        while self.step < self.total_steps and (self.benchmark or self.epoch < config.epochs):
-            self.run_epoch()
+        with self.stop:
+            while self.step < self.total_steps and (self.benchmark or
+                                                    self.epoch < config.epochs):
+                self.run_epoch()
         self.trainer.check_diverged()
         if not self.benchmark and self.last_eval_step != self.step:
             self.evaluate()
