@@ -33,6 +33,7 @@ from model import DLRM, ModelConfig
 from trainer import DlrmTrainer
 from training import checkpoint, loop
 from training.checkpoint import CheckpointError
+from training.engine import DEFAULT_DIVERGENCE_FACTOR
 from training.export import export_saved_model
 
 FLAGS = flags.FLAGS
@@ -61,6 +62,9 @@ flags.DEFINE_bool("amp", False, "Mixed precision: float16 compute on GPUs, bfloa
                   "CPUs; tables stay float32; float16 uses dynamic loss scaling")
 flags.DEFINE_float("loss_scale", None, "A static loss scale for --amp instead of the "
                    "default (dynamic for float16, none for bfloat16)")
+flags.DEFINE_float("divergence_factor", DEFAULT_DIVERGENCE_FACTOR, "A loss above this many "
+                   "times the first step's loss ends the run as diverged, like a non-finite "
+                   "loss (0: only a non-finite loss)")
 flags.DEFINE_bool("xla", False, "JIT-compile the dense part of the training step with XLA")
 flags.DEFINE_bool("run_eagerly", False, "Run steps eagerly (debugging)")
 flags.DEFINE_bool("cpu", False, "Run on CPU even when GPUs are present")
@@ -201,7 +205,8 @@ def build(comm, spec):
                  offload_threshold_bytes=int(FLAGS.cpu_offloading_threshold_gb * 2**30))
     trainer = DlrmTrainer(model, FLAGS.optimizer, schedule_from_flags(FLAGS), amp=FLAGS.amp,
                           loss_scale=FLAGS.loss_scale, xla=FLAGS.xla,
-                          run_eagerly=FLAGS.run_eagerly)
+                          run_eagerly=FLAGS.run_eagerly,
+                          divergence_factor=FLAGS.divergence_factor)
     return plan, trainer
 
 

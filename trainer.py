@@ -10,7 +10,7 @@ import tensorflow as tf
 from core.optimizers import LearningRateSchedule, make_optimizer
 from core.parallel.comm import ALLTOALL_NAMES
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
-from training.engine import mean_share
+from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
 
 
 class DLRMTask:
@@ -57,7 +57,7 @@ class DLRMTask:
 class DlrmTrainer(Trainer):
     def __init__(self, model, optimizer: str, schedule: LearningRateSchedule, amp: bool = False,
                  loss_scale: float = None, xla: bool = False, run_eagerly: bool = False,
-                 compute_dtype=None):
+                 compute_dtype=None, divergence_factor=DEFAULT_DIVERGENCE_FACTOR):
         """loss_scale: a static scale under amp; None: dynamic for float16, none otherwise."""
         task = DLRMTask(model)
         self.model, self.schedule, self.amp = model, schedule, amp
@@ -72,4 +72,5 @@ class DlrmTrainer(Trainer):
             task, model.comm, [group],
             compute_dtype_for(amp) if compute_dtype is None else compute_dtype,
             loss_scale if amp else 1.0, xla=xla, run_eagerly=run_eagerly,
-            divergence_hint="Lower --learning_rate or lengthen --warmup_steps.")
+            divergence_hint="Lower --learning_rate or lengthen --warmup_steps.",
+            divergence_factor=divergence_factor)

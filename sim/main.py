@@ -29,6 +29,7 @@ from sim.data import model_shape, open_mapping
 from sim.model import SimConfig, SimModel
 from sim.trainer import SimTrainer, step_batch
 from training import checkpoint, loop
+from training.engine import DEFAULT_DIVERGENCE_FACTOR
 from training.export import export_saved_model
 
 F = flags.FLAGS
@@ -41,6 +42,9 @@ flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Spec, relative to --da
 flags.DEFINE_integer("global_batch_size", 131072, "Batch size over all processes", lower_bound=1)
 flags.DEFINE_integer("epochs", 3, "Passes over the training data", lower_bound=0)
 flags.DEFINE_float("lr", 0.01, "Learning rate")
+flags.DEFINE_float("divergence_factor", DEFAULT_DIVERGENCE_FACTOR, "A loss above this many "
+                   "times the first step's loss ends the run as diverged, like a non-finite "
+                   "loss (0: only a non-finite loss)")
 flags.DEFINE_enum("optimizer", "adam", ["adam", "lazy_adam", "sgd"], "adam (lazy rows for "
                   "tables; lazy_adam: the same) or sgd")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (adam)")
@@ -126,7 +130,7 @@ def build(spec, comm):
                        item_item_interaction=F.item_item_interaction)
     optimizer = "adam" if F.optimizer == "lazy_adam" else F.optimizer
     trainer = SimTrainer(SimModel(config), comm, optimizer, F.lr, F.weight_decay, F.amp,
-                         F.xla, F.seed)
+                         F.xla, F.seed, F.divergence_factor)
     comm.broadcast_variables(list(trainer.variables().values()))
     return trainer
 

@@ -13,7 +13,7 @@ from core.pipelines import DictPipeline
 from sim.data import model_inputs
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
 from training.checkpoint import with_slots
-from training.engine import mean_share
+from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
 
 # the embedded tensors that depend on tables (the rest of lookup()'s output are masks)
 EMBEDDED = ("user", "target", "history", "short", "short_negative", "long")
@@ -82,7 +82,7 @@ class SimTask:
 
 class SimTrainer(Trainer):
     def __init__(self, model, comm, optimizer="adam", lr=0.01, weight_decay=0.0, amp=False,
-                 xla=False, seed=0):
+                 xla=False, seed=0, divergence_factor=DEFAULT_DIVERGENCE_FACTOR):
         self.model, self.lr = model, float(lr)
         self.dense, self.tables = model.dense_variables(), model.tables()
         self.optimizer = make_optimizer(optimizer, {**self.dense, **self.tables}, weight_decay)
@@ -92,7 +92,7 @@ class SimTrainer(Trainer):
                      tf.TensorSpec([], tf.int32))
         super().__init__(SimTask(model, int(seed)), comm, [group], compute_dtype_for(amp),
                          xla=xla, input_signature=signature, predict_signature=signature,
-                         divergence_hint="Lower --lr.")
+                         divergence_hint="Lower --lr.", divergence_factor=divergence_factor)
 
     def variables(self) -> dict:
         return {**{f"dense/{k}": v for k, v in self.dense.items()},

@@ -1,6 +1,9 @@
-"""Shared test fixtures: the repository root on sys.path, a small dataset writer, and
-require_or_skip for tests of layers that need tools a machine may lack."""
+"""Shared test fixtures: the repository root on sys.path, a small dataset writer,
+require_or_skip for tests of layers that need tools a machine may lack, and bounded_run for
+commands that could hang."""
 import os
+import signal
+import subprocess
 import sys
 
 import numpy as np
@@ -72,3 +75,19 @@ def drop_cli_flags(module_name: str) -> None:
         if flags.FLAGS.find_module_defining_flag(name) == module_name:
             delattr(flags.FLAGS, name)
     sys.modules.pop(module_name, None)
+
+
+def bounded_run(cmd, timeout, env=None, cwd=ROOT):
+    """subprocess.run under a deadline: a hang kills the whole process group (horovodrun and
+    its ranks) and fails the test saying so."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **(env or {}))
+    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"did not finish within {timeout} s (hung?): {' '.join(cmd)}\n"
+                    f"{out[-2000:]}\n{err[-2000:]}", pytrace=False)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)

@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import require_or_skip
+from conftest import bounded_run, require_or_skip
 from core.dllog import read_log
 from core.parallel.placement import make_plan
 
@@ -32,22 +32,6 @@ TRAIN = ["--batch_size", "512", "--synthetic_dataset_train_batches", "24", "--pr
 
 require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}: the "
                 "hybrid-parallel tests need horovod (tools/setup_env.sh builds it)")
-
-
-def bounded_run(cmd, timeout, env=None):
-    """subprocess.run under a deadline: a hang kills the whole process group (horovodrun and
-    its ranks) and fails the test saying so."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **(env or {}))
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"did not finish within {timeout} s (hung?): {' '.join(cmd)}\n"
-                    f"{out[-2000:]}\n{err[-2000:]}", pytrace=False)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 def launch(np_, *args, timeout=600, env=None):

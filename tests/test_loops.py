@@ -59,7 +59,7 @@ class FakeTrainer:
     def predict(self, batch):
         return Value(np.array([0.2, 0.7, 0.4], np.float32))
 
-    def check_finite(self):
+    def check_diverged(self):
         pass
 
 

@@ -78,7 +78,8 @@ def test_prediction_lookup_gathers_plainly_and_predicts_the_same(model_type):
             np.testing.assert_array_equal(value.numpy(), expected[name])
     logit, _, aux = model.forward(plain)
     assert aux is None
-    np.testing.assert_allclose(logit.numpy(), model.forward(shared)[0].numpy(), rtol=1e-6)
+    np.testing.assert_allclose(logit.numpy(), model.forward(shared)[0].numpy(), rtol=1e-5,
+                               atol=1e-6)  # two op orders: logits near 0 need an atol
 
 
 def test_cached_step_batches_equal_read_batches_and_are_read_once(tmp_path):

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # make demo: synthetic dataset with a planted signal -> train on CPU -> evaluate -> plot.
-# Everything lands in out/demo/ (the log, the checkpoint, curves.png).
+# Everything lands in out/demo/ (the log, the checkpoint, curves.png), or in $DEMO_OUT.
+# DEMO_SMOKE=1: the same steps on a few batches (what `make test` runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-OUT=out/demo
+OUT=${DEMO_OUT:-out/demo}
+TRAIN_BATCHES=120 TEST_BATCHES=12
+if [ "${DEMO_SMOKE:-0}" = 1 ]; then TRAIN_BATCHES=6 TEST_BATCHES=2; fi
 export TF_CPP_MIN_LOG_LEVEL=2
 mkdir -p "$OUT"
 rm -rf "$OUT/spec" "$OUT/data" "$OUT/checkpoint" "$OUT/train_log.json" "$OUT/eval_log.json"
@@ -16,7 +19,7 @@ $PY generate_feature_spec.py --num_numerical 13 --cardinalities "$CARDS" --dst "
 echo "== 2/5 synthetic split-binary dataset (planted signal, power-law ids)"
 $PY transcribe.py --src_dataset_type synthetic --src_dataset_path "$OUT/spec" \
     --dst_dataset_path "$OUT/data" --dst_dataset_type tf_raw --src_batch_size 4096 \
-    --max_batches_train 120 --max_batches_test 12 --signal_strength 2 --seed 1
+    --max_batches_train $TRAIN_BATCHES --max_batches_test $TEST_BATCHES --signal_strength 2 --seed 1
 
 MODEL="--dataset_path $OUT/data --cpu --embedding_dim 64 --bottom_mlp_dims 256,128,64
        --top_mlp_dims 512,256,1 --batch_size 4096 --valid_batch_size 16384"
@@ -34,7 +37,7 @@ $PY -m core.plot_log "$OUT/train_log.json" --out "$OUT/curves.png"
 
 $PY - "$OUT" <<'PYEOF'
 import sys
-from dllog import read_log
+from core.dllog import read_log
 out = sys.argv[1]
 train = [r for r in read_log(f"{out}/train_log.json") if r["type"] == "LOG"]
 speed = [r["data"]["samples_per_second"] for r in train if "samples_per_second" in r["data"]]

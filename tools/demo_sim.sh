@@ -2,19 +2,22 @@
 # make demo-sim: synthetic data whose signal lives only in the long (old) history -> train
 # SIM, DIEN (which reads the recent behaviours only) and DIN (the whole history, as NVIDIA's)
 # on CPU -> compare test AUC.
-# Everything lands in out/demo_sim/ (data, logs, curves.png, checkpoint, SavedModel).
+# Everything lands in out/demo_sim/ (data, logs, curves.png, checkpoint, SavedModel), or in
+# $DEMO_OUT. DEMO_SMOKE=1: the same steps on 200 users, one epoch (what `make test` runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
-OUT=out/demo_sim
+OUT=${DEMO_OUT:-out/demo_sim}
+USERS=4000 EPOCHS=3 TIMED=50
+if [ "${DEMO_SMOKE:-0}" = 1 ]; then USERS=200 EPOCHS=1 TIMED=5; fi
 export TF_CPP_MIN_LOG_LEVEL=2
 rm -rf "$OUT"
 mkdir -p "$OUT"
 
-echo "== 1/5 synthetic data (4000 users, histories of 100, signal in the older 90)"
-$PY -m sim.synthetic --dst "$OUT/data" --users 4000 --items 1000 --categories 20 --signal long
+echo "== 1/5 synthetic data ($USERS users, histories of 100, signal in the older 90)"
+$PY -m sim.synthetic --dst "$OUT/data" --users $USERS --items 1000 --categories 20 --signal long
 
-COMMON="--dataset_dir $OUT/data --cpu --global_batch_size 256 --epochs 3 --print_freq 5 --seed 0"
+COMMON="--dataset_dir $OUT/data --cpu --global_batch_size 256 --epochs $EPOCHS --print_freq 5 --seed 0"
 echo "== 2/5 train SIM (test AUC after every epoch), checkpoint and SavedModel"
 $PY -m sim.main $COMMON --model_type sim --results_dir "$OUT/sim" \
     --save_checkpoint_path "$OUT/sim/checkpoint" --export_path "$OUT/sim/saved_model"
@@ -27,19 +30,19 @@ $PY -m sim.main $COMMON --model_type din --results_dir "$OUT/din"
 
 echo "== 5/5 inference benchmark of the SIM checkpoint"
 $PY -m sim.main --dataset_dir "$OUT/data" --cpu --mode inference --global_batch_size 256 \
-    --load_checkpoint_path "$OUT/sim/checkpoint" --benchmark_steps 50 \
+    --load_checkpoint_path "$OUT/sim/checkpoint" --benchmark_steps $TIMED \
     --results_dir "$OUT/inference"
 
 $PY - "$OUT" <<'PYEOF'
 import sys
-from dllog import read_log
+from core.dllog import read_log
 out = sys.argv[1]
 final = {m: [r["data"] for r in read_log(f"{out}/{m}/log.json") if r["step"] == []][-1]
          for m in ("sim", "dien", "din", "inference")}
 print(f"\ndemo result: test AUC SIM {final['sim']['auc']:.4f} vs DIEN {final['dien']['auc']:.4f} "
       f"(the signal is only in the long history, which DIEN does not read; DIN, attending over "
       f"the whole history, {final['din']['auc']:.4f}); inference "
-      f"{final['inference']['inference_samples_per_second']:,.0f} samples/s, p99 "
-      f"{1000 * final['inference']['p99_latency_seconds']:.1f} ms at batch 256; curves in "
+      f"{final['inference']['mean_inference_throughput']:,.0f} samples/s, p99 "
+      f"{1000 * final['inference']['p99_inference_latency']:.1f} ms at batch 256; curves in "
       f"{out}/sim/curves.png")
 PYEOF

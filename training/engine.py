@@ -9,9 +9,17 @@ rank issues the same collectives in the same order. Then each variable's optimiz
 applies its update (dense variables, then tables).
 
 float16 compute scales the loss dynamically (loss_scale.py): a step whose gradients are not
-finite on some rank is skipped on every rank and the scale halved. The step never waits for
-the host: the first step whose loss is not finite is recorded on the device and
-`check_finite()` turns it into TrainingDivergedError, an expected error (one `error:` line).
+finite on some rank is skipped on every rank and the scale halved.
+
+Divergence. A step's (global) loss diverged when it is not finite, or when it exceeds
+`divergence_factor` (DEFAULT_DIVERGENCE_FACTOR; 0: this rule is off) times the loss of the
+run's first step, the model as it was before this run's first update. Whether a runaway loss
+overflows to inf depends on the CPU and on thread timing; a loss of 1e29 exceeds the bound on
+every CPU. A healthy logistic loss stays within a few times its first value, so the default
+bound never fires on it. The step never waits for the host: the first diverged step is
+recorded on the device and `check_diverged()` turns it into TrainingDivergedError, an
+expected error (one `error:` line). The loop checks before every evaluation and save, so
+nothing is evaluated, saved or exported after a divergence.
 
 A family supplies a task object with:
   dense_variables: dict  name -> tf.Variable (summed across ranks)
@@ -29,6 +37,7 @@ A family supplies a task object with:
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass
 
 import tensorflow as tf
@@ -36,8 +45,11 @@ import tensorflow as tf
 from training.loss_scale import make_loss_scale
 
 
+DEFAULT_DIVERGENCE_FACTOR = 1000.0
+
+
 class TrainingDivergedError(ValueError):
-    """A non-finite loss: bad settings (learning rate), reported as one `error:` line."""
+    """A diverged loss: bad settings (learning rate), reported as one `error:` line."""
 
 
 @dataclass(frozen=True)
@@ -95,19 +107,28 @@ def compiled(fn, signature=None):
 class Trainer:
     def __init__(self, task, comm, groups, compute_dtype=tf.float32, loss_scale=None,
                  xla=False, run_eagerly=False, input_signature=None, predict_signature=None,
-                 divergence_hint=""):
+                 divergence_hint="", divergence_factor=DEFAULT_DIVERGENCE_FACTOR):
         """loss_scale: a static scale, or None: dynamic for float16, none otherwise.
         input_signature / predict_signature: TensorSpecs of a training / prediction batch
-        (one trace for every batch size)."""
+        (one trace for every batch size). divergence_factor: a loss above this many times
+        the first step's loss diverged (0: only a non-finite loss; None: the default)."""
+        if divergence_factor is None:
+            divergence_factor = DEFAULT_DIVERGENCE_FACTOR
+        # below 1 the first step would exceed its own bound
+        if not (divergence_factor == 0 or divergence_factor >= 1):
+            raise ValueError(f"--divergence_factor must be 0 (off) or at least 1, found "
+                             f"{divergence_factor:g}")
         self.task, self.comm, self.groups = task, comm, list(groups)
         self.compute_dtype = compute_dtype
         self.loss_scale = make_loss_scale(compute_dtype, loss_scale)
-        self.divergence_hint = divergence_hint
+        self.divergence_hint, self.divergence_factor = divergence_hint, float(divergence_factor)
         self.dense_vars = dict(task.dense_variables)
         self.trained_tables = list(task.tables)
         self._group_of = {v.ref(): i for i, g in enumerate(self.groups) for v in g.variables}
         self.diverged_at = tf.Variable(-1, dtype=tf.int64, trainable=False, name="diverged_at")
         self.diverged_loss = tf.Variable(0.0, trainable=False, name="diverged_loss")
+        # NaN until the first step's loss is known
+        self.first_loss = tf.Variable(float("nan"), trainable=False, name="first_loss")
         self._dense_fn = self._dense_forward_backward
         if xla and not run_eagerly:
             self._dense_fn = tf.function(self._dense_forward_backward, jit_compile=True)
@@ -185,7 +206,11 @@ class Trainer:
             group.optimizer.finish_step()
 
     def _record_divergence(self, loss, step):
-        first = tf.logical_and(~tf.math.is_finite(loss), self.diverged_at < 0)
+        self.first_loss.assign(tf.where(tf.math.is_nan(self.first_loss), loss, self.first_loss))
+        diverged = ~tf.math.is_finite(loss)
+        if self.divergence_factor > 0:
+            diverged |= (self.first_loss > 0) & (loss > self.divergence_factor * self.first_loss)
+        first = tf.logical_and(diverged, self.diverged_at < 0)
         self.diverged_at.assign(tf.where(first, step, self.diverged_at))
         self.diverged_loss.assign(tf.where(first, loss, self.diverged_loss))
 
@@ -203,7 +228,7 @@ class Trainer:
 
     def train_step(self, batch, step: int):
         """One update at schedule step `step`; returns the global mean loss as a tensor
-        without waiting for it (check_finite() tells whether a loss was not finite)."""
+        without waiting for it (check_diverged() tells whether a loss diverged)."""
         rates = [tf.constant(g.learning_rate(step), tf.float32) for g in self.groups]
         return self._step_fn(batch, rates, tf.constant(step, tf.int64))
 
@@ -219,15 +244,19 @@ class Trainer:
     def global_rows(self, batch) -> int:
         return int(self.task.global_rows(batch))
 
-    def check_finite(self) -> None:
-        """Raise TrainingDivergedError naming the first step whose loss was not finite."""
+    def check_diverged(self) -> None:
+        """Raise TrainingDivergedError naming the first step whose loss diverged."""
         step = int(self.diverged_at.numpy())
         if step < 0:
             return
-        rates = ", ".join(f"{g.learning_rate(step):g}" for g in self.groups)
+        loss, first = float(self.diverged_loss.numpy()), float(self.first_loss.numpy())
+        bound = "" if not math.isfinite(loss) else (
+            f", more than {self.divergence_factor:g} times the first step's loss {first:.6g}")
+        rates = ", ".join(f"{g.name} {g.learning_rate(step):g}".lstrip() for g in self.groups)
         raise TrainingDivergedError(
-            f"loss became {float(self.diverged_loss.numpy())} at step {step} (learning rate "
-            f"{rates}); training stopped, no checkpoint was written for this state. "
+            f"loss became {loss:.6g} at step {step}{bound} (learning rate {rates}, "
+            f"--divergence_factor {self.divergence_factor:g}); training "
+            f"stopped, nothing was saved or exported for this state. "
             f"{self.divergence_hint}".rstrip())
 
     def predict(self, batch):

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from training.interrupt import StopOnSignal
 from training.metrics import log_loss, mean_average_precision_at_k, roc_auc
 from training.progress import Progress, StepTimer
 
@@ -139,7 +140,7 @@ class _Reporter:
         self.bytes_sent = self._bytes()
 
     def report(self, epoch: int, step: int, loss) -> None:
-        self.trainer.check_finite()  # the only host sync of the training steps
+        self.trainer.check_diverged()  # the only host sync of the training steps
         report = self.progress.report(step)
         rates = self.trainer.learning_rates(step - 1)
         loss = float(loss)
@@ -159,6 +160,7 @@ class _Run:
 
     def __init__(self, trainer, data, evaluator, logger, config: LoopConfig, position, save):
         self.trainer, self.data, self.evaluator = trainer, data, evaluator
+        self.stop = StopOnSignal(trainer.comm.rank)
         self.logger, self.config, self.save_fn = logger, config, save
         self.steps_per_epoch = config.steps_per_epoch(len(data))
         if self.steps_per_epoch == 0:
@@ -180,7 +182,7 @@ class _Run:
         return self.config.benchmark_steps > 0
 
     def evaluate(self) -> None:
-        self.trainer.check_finite()
+        self.trainer.check_diverged()
         with self.trainer.comm.waiting("the evaluation (gather and broadcast)", self.step):
             metrics = self.evaluator()
         if self.epoch_losses:
@@ -196,7 +198,7 @@ class _Run:
     def save(self) -> None:
         if self.save_fn is None or self.benchmark or self.last_saved_step == self.step:
             return
-        self.trainer.check_finite()  # a diverged state is never saved
+        self.trainer.check_diverged()  # a diverged state is never saved
         with self.trainer.comm.waiting("the checkpoint's barrier", self.step):
             where = self.save_fn(next_position(self.step, self.epoch, self.batch_in_epoch,
                                                self.steps_per_epoch))
@@ -229,6 +231,7 @@ class _Run:
                 loss = self.trainer.train_step(batch, self.step)
             self.step, self.batch_in_epoch = self.step + 1, self.batch_in_epoch + 1
             self.reporter.progress.step_done()
+            self.stop.check(self.step)  # before the step's evaluation or checkpoint
             self.after_step(loss, rows)
             if self.step >= self.total_steps:
                 return  # the epoch is not advanced here: save() derives the next position
@@ -240,8 +243,11 @@ class _Run:
         self.logger.print(f"training: {self.total_steps} steps ({self.steps_per_epoch} per "
                           f"epoch), global batch {config.batch_size}, "
                           f"{self.trainer.comm.size} process(es)")
-        while self.step < self.total_steps and (self.benchmark or self.epoch < config.epochs):
-            self.run_epoch()
+        with self.stop:
+            while self.step < self.total_steps and (self.benchmark or
+                                                    self.epoch < config.epochs):
+                self.run_epoch()
+        self.trainer.check_diverged()
         if not self.benchmark and self.last_eval_step != self.step:
             self.evaluate()
         elapsed = time.perf_counter() - start

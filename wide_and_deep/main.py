@@ -38,6 +38,9 @@ def parse_args(argv=None):
     a("--xla", action="store_true", help="compile the dense part with XLA")
     a("--linear_learning_rate", type=float, default=0.02, help="FTRL, wide part")
     a("--deep_learning_rate", type=float, default=0.00012, help="RMSProp, deep part")
+    a("--divergence_factor", type=float, default=None,
+      help="a loss above this many times the first step's loss ends the run as diverged, "
+           "like a non-finite loss (0: only a non-finite loss; default: the engine's, 1000)")
     a("--deep_warmup_epochs", type=float, default=6, help="linear warmup of the deep rate")
     a("--deep_hidden_units", type=int, nargs="+", default=[1024] * 5,
       help="units of the deep part's hidden layers")

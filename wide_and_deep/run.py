@@ -58,7 +58,8 @@ class Run:
                                         decay_steps=0)
         self.trainer = WideDeepTrainer(self.model, self.comm, self.label,
                                        args.linear_learning_rate, schedule, seed=args.seed,
-                                       amp=args.amp, xla=args.xla)
+                                       amp=args.amp, xla=args.xla,
+                                       divergence_factor=args.divergence_factor)
 
     def _pipe(self, mapping: str, batch_size: int, shuffle: bool) -> DictPipeline:
         features = [f for c in (ONEHOT_CHANNEL, MULTIHOT_CHANNEL, "numerical", "label")

@@ -10,7 +10,7 @@ import tensorflow as tf
 from core.pipelines import DictPipeline
 from core.optimizers import FTRL, RMSProp
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
-from training.engine import mean_share
+from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
 from training.checkpoint import with_slots
 
 # The reference's RMSProp decay for the deep part.
@@ -56,7 +56,8 @@ class WideDeepTask:
 
 class WideDeepTrainer(Trainer):
     def __init__(self, model, comm, label: str, linear_learning_rate: float, deep_schedule,
-                 seed: int = 0, amp: bool = False, xla: bool = False):
+                 seed: int = 0, amp: bool = False, xla: bool = False,
+                 divergence_factor: float = DEFAULT_DIVERGENCE_FACTOR):
         if xla and any(map(model.config.projected, model.config.tables)):
             raise ValueError("--xla needs the same shapes every step: build the model with "
                              "project_max_rows=0 (no projected tables)")
@@ -74,7 +75,8 @@ class WideDeepTrainer(Trainer):
         super().__init__(WideDeepTask(model, comm, label, seed), comm, groups,
                          compute_dtype_for(amp), xla=xla,
                          divergence_hint="Lower --deep_learning_rate or "
-                                         "--linear_learning_rate.")
+                                         "--linear_learning_rate.",
+                         divergence_factor=divergence_factor)
 
     def named_state(self) -> dict:
         """Weights and both optimizers' slots by checkpoint name."""

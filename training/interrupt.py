@@ -1,0 +1,82 @@
+"""SIGINT / SIGTERM during training: one `error:` line, and every rank ends within a bounded
+time with exit status 2. Nothing is saved at an interrupt: the checkpoint at the path is the
+last one written at its scheduled step (a save begun at an interrupt is the one most likely
+to be cut short by the next signal or a SIGKILL, and ranks stop at different steps).
+
+Python runs signal handlers only between bytecodes, and a rank blocked in a collective whose
+peer has already stopped never gets there. So the signal wakes a watcher thread
+(signal.set_wakeup_fd), which prints the line at once (rank 0 alone: under horovodrun every
+rank gets horovodrun's SIGTERM) and ends the process `grace_s` seconds later, or at a
+second signal, if it has not ended by then. The loop meanwhile stops at its next step
+boundary (before any evaluation or checkpoint of that step) and exits quietly."""
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+import threading
+import time
+
+GRACE_S = 3.0  # horovodrun sends SIGKILL 5 s after its SIGTERM
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+EXIT_STATUS = 2
+
+
+class StopOnSignal:
+    """A context for the training loop: `check(step)` (between steps) ends the process with
+    EXIT_STATUS once SIGINT or SIGTERM arrived; `step` is the last step it saw."""
+
+    def __init__(self, rank: int = 0, grace_s: float = GRACE_S):
+        self.rank, self.grace_s = rank, grace_s
+        self.signum, self.step = None, 0
+        self._announced = threading.Event()  # the line is out: the loop may exit
+        self._active = threading.current_thread() is threading.main_thread()
+
+    def __enter__(self):
+        if not self._active:  # handlers can only be installed by the main thread
+            return self
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._write, False)
+        # the handler does nothing itself (the watcher acts); it replaces the default
+        # action (KeyboardInterrupt, termination) while the loop can stop cleanly
+        self._previous = {s: signal.signal(s, lambda *_: None) for s in SIGNALS}
+        self._previous_fd = signal.set_wakeup_fd(self._write)
+        threading.Thread(target=self._watch, daemon=True, name="stop-on-signal").start()
+        return self
+
+    def __exit__(self, *exc):
+        if not self._active:
+            return False
+        signal.set_wakeup_fd(self._previous_fd)
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        if self.signum is None:
+            os.write(self._write, b"\0")  # ends the watcher; after a signal it keeps its deadline
+        return False
+
+    def message(self) -> str:
+        return (f"interrupted by {signal.Signals(self.signum).name} at step {self.step}: "
+                f"training stopped; nothing is saved at an interrupt (the last checkpoint "
+                f"written stays)")
+
+    def check(self, step: int) -> None:
+        if self._announced.is_set():
+            raise SystemExit(EXIT_STATUS)
+        self.step = step
+
+    def _watch(self):
+        byte = os.read(self._read, 1)
+        if not byte or byte == b"\0":
+            os.close(self._read)
+            os.close(self._write)
+            return
+        self.signum = byte[0]
+        if self.rank == 0:
+            print(f"error: {self.message()}", file=sys.stderr, flush=True)
+        self._announced.set()
+        deadline = time.monotonic() + self.grace_s
+        while (left := deadline - time.monotonic()) > 0:
+            if select.select([self._read], [], [], left)[0] and os.read(self._read, 1) != b"\0":
+                break  # a second signal ends the process now
+        os._exit(EXIT_STATUS)
