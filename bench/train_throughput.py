@@ -3,7 +3,12 @@
 Shape: 26 tables x 100k rows x 128, bottom 13-512-256-128, top 480-1024-1024-512-256-1, SGD.
 The naive baseline uses keras.layers.Embedding, keras Dense layers and a tf.function step
 with keras' SGD optimizer, under TensorFlow's default settings; `naive_keras_onednn` is the
-same model with oneDNN forced on, to show how much of the gain is that setting alone.
+same model with oneDNN forced on, to show how much of the gain is that setting alone, and
+`naive_keras_bf16` the same model under Keras' `mixed_bfloat16` policy (what a user who just
+sets it gets). `ours_amp_bf16` is `--amp` forced to bfloat16 (DLRM_CPU_AMP=bfloat16) whatever
+the CPU. Each run also measures the machine's matmul peak (a 4096^2 matmul loop in float32 and
+bfloat16, its own process) and prints every variant's step as a fraction of the peak at its
+dtype (FLOP per sample from the shape, forward + backward).
 `ours_dynamic` is `ours` with every table dynamic (open vocabulary, capacity 100k rows, ids
 as scattered 64-bit values): its ratio to `ours` is what learning the ids costs; the run then
 also measures the id -> row map's memory per entry.
@@ -19,6 +24,7 @@ import argparse
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import time
@@ -26,15 +32,18 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 VARIANTS = ("ours", "ours_xla", "ours_amp_bf16", "naive_keras", "naive_keras_onednn",
-            "ours_dynamic")
+            "naive_keras_bf16", "ours_dynamic")
+BFLOAT16_VARIANTS = ("ours_amp_bf16", "naive_keras_bf16")
 
 
 def configure_environment(variant: str) -> None:
     """Settings for the worker process, before TensorFlow is imported."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    if variant.startswith("ours"):
+    if variant.startswith("ours") or variant == "peak":
         from core import runtime
         runtime.configure()  # what main.py runs with
+        if variant == "ours_amp_bf16":
+            os.environ[runtime.CPU_AMP_VARIABLE] = "bfloat16"
     elif variant == "naive_keras_onednn":
         os.environ["TF_ENABLE_ONEDNN_OPTS"] = "1"
     else:
@@ -44,6 +53,17 @@ def configure_environment(variant: str) -> None:
 NUM_TABLES, ROWS, DIM, NUM_NUMERICAL = 26, 100_000, 128, 13
 HASH = -7046029254386353131  # an odd 64-bit multiplier: distinct ids stay distinct
 BOTTOM, TOP = (512, 256, 128), (1024, 1024, 512, 256, 1)
+
+
+def flop_per_sample() -> float:
+    """Multiply-adds of the MLPs and the interaction (its batched Gram matrix), x2 for FLOP,
+    x3 for forward + backward (two matmuls per matmul in the backward)."""
+    widths = [16, *BOTTOM]  # 13 numerical features padded to 16
+    top_in = DIM + NUM_TABLES * (NUM_TABLES + 1) // 2 + 1  # 480, padded as the model does
+    macs = sum(a * b for a, b in zip(widths[:-1], widths[1:]))
+    macs += sum(a * b for a, b in zip([top_in, *TOP[:-1]], TOP))
+    macs += (NUM_TABLES + 1) ** 2 * DIM
+    return 3 * 2 * macs
 
 
 def batches(batch_size: int, count: int, hashed_ids: bool = False):
@@ -77,10 +97,12 @@ def ours(xla: bool, amp: bool = False, dynamic: bool = False):
     return lambda batch, step: trainer.train_step(batch, step)
 
 
-def naive_keras():
+def naive_keras(policy: str = None):
     import keras
     import tensorflow as tf
     from interaction import dot_interact_tf
+    if policy:
+        keras.mixed_precision.set_global_policy(policy)
     numerical_in = keras.Input((NUM_NUMERICAL,))
     categorical_in = [keras.Input((), dtype="int32") for _ in range(NUM_TABLES)]
     x = keras.layers.ZeroPadding1D((0, 3))(keras.layers.Reshape((NUM_NUMERICAL, 1))(numerical_in))
@@ -99,7 +121,8 @@ def naive_keras():
     @tf.function
     def step(numerical, categorical, label):
         with tf.GradientTape() as tape:
-            logits = tf.squeeze(model([numerical] + list(categorical), training=True), 1)
+            logits = tf.cast(tf.squeeze(model([numerical] + list(categorical), training=True), 1),
+                             tf.float32)  # float32 under a mixed policy, as Keras advises
             loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(label, logits))
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
@@ -123,13 +146,37 @@ def worker(variant: str, batch_size: int, steps: int, profile: bool = False):
     builders = {"ours": lambda: ours(False), "ours_xla": lambda: ours(True),
                 "ours_amp_bf16": lambda: ours(False, amp=True), "naive_keras": naive_keras,
                 "naive_keras_onednn": naive_keras,
+                "naive_keras_bf16": lambda: naive_keras("mixed_bfloat16"),
                 "ours_dynamic": lambda: ours(False, dynamic=True)}
     if variant == "map_memory":
         return map_bytes_per_entry()
+    if variant == "peak":
+        return matmul_peaks()
     step_fn, data = builders[variant](), batches(batch_size, 4, variant == "ours_dynamic")
     if profile:
         return op_times(step_fn, data, steps)
     return measure(step_fn, data, steps)
+
+
+def matmul_peaks(size: int = 4096, repeats: int = 10) -> dict:
+    """GFLOP/s of a size^2 x size^2 matmul loop in float32 and bfloat16 (TensorFlow, oneDNN)."""
+    import tensorflow as tf
+    peaks = {}
+    for dtype in (tf.float32, tf.bfloat16):
+        a = tf.random.normal([size, size], dtype=tf.float32)
+        a, b = tf.cast(a, dtype), tf.cast(tf.transpose(a), dtype)
+
+        @tf.function
+        def loop(a, b):
+            out = a
+            for _ in range(repeats):
+                out = tf.matmul(a, b) + out * 0
+            return out
+        loop(a, b).numpy()
+        start = time.perf_counter()
+        loop(a, b).numpy()
+        peaks[dtype.name] = 2 * size ** 3 * repeats / (time.perf_counter() - start) / 1e9
+    return peaks
 
 
 def map_bytes_per_entry(entries: int = 2_600_000) -> float:
@@ -225,7 +272,6 @@ def run_worker(name: str, batch_size: int, steps: int, profile: bool = False):
 
 def report(results: dict, chosen: list) -> None:
     """Medians over the rounds and ours / each other variant (ratio of the medians)."""
-    import statistics
     print("\nmedians, samples/s\nbatch    " + "".join(f"{n:>19s}" for n in chosen))
     for batch_size in sorted({b for _, b in results}):
         medians = {n: statistics.median(results[(n, batch_size)]) for n in chosen}
@@ -272,6 +318,15 @@ def main():
                 print(f"  round {round_ + 1} {name:18s} batch {batch_size:6d}: "
                       f"{value:10,.0f} samples/s", flush=True)
     report(results, chosen)
+    peaks = run_worker("peak", 0, 0)
+    print(f"\nmatmul peak (4096^2, this machine, its own process): float32 "
+          f"{peaks['float32']:,.0f} GFLOP/s, bfloat16 {peaks['bfloat16']:,.0f} GFLOP/s; "
+          f"step = {flop_per_sample() / 1e6:.1f} MFLOP per sample (forward + backward)")
+    for (name, batch_size), values in sorted(results.items()):
+        dtype = "bfloat16" if name in BFLOAT16_VARIANTS else "float32"
+        rate = statistics.median(values) * flop_per_sample() / 1e9
+        print(f"  {name:18s} batch {batch_size:6d}: {rate:7,.0f} GFLOP/s = "
+              f"{100 * rate / peaks[dtype]:5.1f}% of the {dtype} peak")
     if "ours_dynamic" in chosen:
         map_bytes = run_worker("map_memory", 0, 0)
         print(f"\ndynamic tables: memory per row = vector {DIM * 4} B (+ {DIM * 4} B per "

@@ -9,8 +9,38 @@ from __future__ import annotations
 import os
 
 DEFAULTS = {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
+# --amp on a CPU: `auto` (bfloat16 where the CPU multiplies bfloat16 matrices natively, AMX;
+# float32 elsewhere, where bfloat16 is emulated and slower), or `bfloat16` on any CPU
+CPU_AMP_VARIABLE = "DLRM_CPU_AMP"
+CPU_AMP_CHOICES = ("auto", "bfloat16")
 
 
 def configure() -> None:
     for key, value in DEFAULTS.items():
         os.environ.setdefault(key, value)
+
+
+def cpu_flags(path: str = "/proc/cpuinfo") -> set:
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def native_bfloat16_matmul() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (Intel AMX-BF16)."""
+    return "amx_bf16" in cpu_flags()
+
+
+def cpu_amp_dtype() -> str:
+    """What --amp computes in on this CPU: 'bfloat16' or 'float32' (see CPU_AMP_VARIABLE)."""
+    choice = os.environ.get(CPU_AMP_VARIABLE, "auto")
+    if choice not in CPU_AMP_CHOICES:
+        raise ValueError(f"{CPU_AMP_VARIABLE} must be one of {list(CPU_AMP_CHOICES)}, found "
+                         f"{choice!r}")
+    return "bfloat16" if choice == "bfloat16" or native_bfloat16_matmul() else "float32"
+

@@ -183,7 +183,8 @@ def test_bad_flags_give_clear_errors(tmp_path, extra, message):
     assert not os.path.exists(tmp_path / "ckpt")  # nothing half-written, no NaN checkpoint
 
 
-def test_amp_and_xla_train(tmp_path):
+def test_amp_and_xla_train(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLRM_CPU_AMP", "bfloat16")  # the bfloat16 path on any CPU
     base = [*SMALL, "--synthetic_dataset_signal_strength", "3", "--print_freq", "1",
             "--synthetic_dataset_train_batches", "60"]
     run_main(*base, "--log_path", str(tmp_path / "fp32.json"))

@@ -201,9 +201,10 @@ def test_bad_inputs_give_one_line_errors(data, tmp_path, capsys):
     assert "test" in run_error(capsys, ["--dataset_path", empty] + base)
 
 
-def test_xla_and_amp_train_like_float32(data, tmp_path):
+def test_xla_and_amp_train_like_float32(data, tmp_path, monkeypatch):
     """--xla compiles the same computation (same dropout masks): the same losses to float
     rounding; --amp (bfloat16 MLP on CPU) follows them to bfloat16 precision and still learns."""
+    monkeypatch.setenv("DLRM_CPU_AMP", "bfloat16")  # the bfloat16 path on any CPU
     plain = step_losses(train(data["planted"], str(tmp_path / "f32"), "--num_epochs", "1"))
     xla = step_losses(train(data["planted"], str(tmp_path / "xla"), "--num_epochs", "1",
                             "--xla"))
