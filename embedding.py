@@ -30,6 +30,11 @@ class EmbeddingLayer(tf.Module):
         super().__init__(name=name)
         self.plan, self.comm, self.seed = plan, comm or Communicator(), seed
         dynamic = {t: s for t, s in enumerate(dynamic) if s is not None}
+        if plan.row_wise and self.comm.size > 1:
+            # the plan and its bytes exist; the id/vector exchange does not yet (issue 31)
+            raise ValueError(f"tables {list(plan.row_wise)} are planned row-wise, which runs "
+                             f"in one process only for now; found {self.comm.size} processes: "
+                             f"choose another --sharding or a larger --memory_budget_gb")
         if dynamic and self.comm.size > 1:
             raise ValueError(f"dynamic tables {sorted(dynamic)} run in one process for now; "
                              f"found {self.comm.size} processes")

@@ -22,11 +22,11 @@ from core.dllog import DLLogger
 from core.feature_spec import (TEST_MAPPING, TRAIN_MAPPING, DynamicSpec, FeatureSpec,
                                FeatureSpecError)
 from core.parallel.comm import make_communicator
-from core.parallel.placement import make_plan
+from core.parallel.placement import SHARDING_KINDS, make_plan
 from core.pipelines import reader_errors_surfaced
 from core.sources import DatasetError, load_spec
 from dataloader import BatchPipeline, make_source
-from dlrm_contract import DLRM_CONTRACT
+from dlrm_contract import CRITEO_VARIANTS, DLRM_CONTRACT, criteo_variant
 from interaction import INTERACTIONS, resolve_interaction, select_dot_implementation
 from lr_scheduler import schedule_from_flags
 from model import DLRM, ModelConfig
@@ -104,7 +104,18 @@ flags.DEFINE_bool("continue_on_new_data", False, "With --restore_checkpoint_path
                   "--dataset_path from step 0 (continuous training; the schedule restarts)")
 flags.DEFINE_string("saved_model_output_path", None, "--mode deploy: SavedModel directory")
 flags.DEFINE_string("log_path", "dlrm_tf_log.json", "DLLogger JSON-lines log file")
-flags.DEFINE_bool("print_plan", False, "Print the table placement plan and exit")
+flags.DEFINE_bool("print_plan", False, "Print the table placement plan and exit (no data "
+                  "is read, nothing is trained): table -> kind, ranks, bytes per rank and "
+                  "bytes exchanged per step for --batch_size")
+flags.DEFINE_list("plan_world_sizes", [], "--print_plan: plan for these world sizes instead "
+                  "of the launched one (e.g. 8,64,512: size a cluster from here)")
+flags.DEFINE_enum("plan_shape", None, sorted(CRITEO_VARIANTS), "--print_plan: the tables of "
+                  "one of NVIDIA's named Criteo shapes instead of the data's FeatureSpec")
+flags.DEFINE_enum("sharding", "auto", list(SHARDING_KINDS), "Placement of every table: auto "
+                  "(the planner's choice) or one kind forced on every table it can hold")
+flags.DEFINE_float("memory_budget_gb", 0.0, "Embedding-table memory per process in GiB the "
+                   "planner must respect (0: no limit); under auto a table that fits no "
+                   "process is split by columns, then by rows")
 flags.DEFINE_integer("column_slice_threshold", 0, "Split tables with more elements than "
                      "this by columns across processes (0: never)")
 flags.DEFINE_integer("data_parallel_threshold", 0, "Replicate tables with at most this "
@@ -147,7 +158,7 @@ def check_flags(world_size: int) -> None:
         raise UsageError(f"--evals_per_epoch must be >= 1, found {FLAGS.evals_per_epoch}")
     if FLAGS.epochs < 1:
         raise UsageError(f"--epochs must be >= 1, found {FLAGS.epochs}")
-    if FLAGS.dataset_type == "tf_raw" and not FLAGS.dataset_path:
+    if FLAGS.dataset_type == "tf_raw" and not FLAGS.dataset_path and not FLAGS.plan_shape:
         raise UsageError("--dataset_path is required with --dataset_type tf_raw "
                          "(or use --dataset_type synthetic)")
     if FLAGS.mode == "deploy" and not FLAGS.saved_model_output_path:
@@ -182,6 +193,30 @@ def spec_of_the_data():
                                    cardinalities)
 
 
+def placement(cardinalities, world_size: int):
+    return make_plan(cardinalities, FLAGS.embedding_dim, world_size,
+                     FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold,
+                     FLAGS.sharding, int(FLAGS.memory_budget_gb * 2**30))
+
+
+def print_plans(logger, launched_world_size: int) -> None:
+    """Plan-only mode: the plans of the data's tables (or a named Criteo shape) for the
+    launched world size or --plan_world_sizes; nothing is read or trained."""
+    if FLAGS.plan_shape:
+        cardinalities = criteo_variant(FLAGS.plan_shape).cardinalities
+    else:
+        cardinalities = dataset_spec().cardinalities
+    sizes = _ints(FLAGS.plan_world_sizes, "plan_world_sizes") or (launched_world_size,)
+    if any(n < 1 for n in sizes):
+        raise UsageError(f"--plan_world_sizes must be positive, found {list(sizes)}")
+    parameters = sum(cardinalities) * FLAGS.embedding_dim
+    logger.print(f"{len(cardinalities)} tables, {sum(cardinalities):,d} rows x "
+                 f"{FLAGS.embedding_dim} = {parameters / 1e9:,.2f} B embedding parameters "
+                 f"({parameters * 4 / 2**30:,.1f} GiB in float32)")
+    for world_size in sizes:
+        logger.print(placement(cardinalities, world_size).describe(FLAGS.batch_size))
+
+
 def build(comm, spec):
     interaction, dot_request = resolve_interaction(FLAGS.interaction, FLAGS.dot_interaction)
     config = ModelConfig(
@@ -196,8 +231,7 @@ def build(comm, spec):
     if any(config.dynamic) and FLAGS.xla:
         raise UsageError("--xla compiles fixed shapes; dynamic tables change their map every "
                          "step: drop --xla or the dynamic features")
-    plan = make_plan(config.cardinalities, config.embedding_dim, comm.size,
-                     FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold)
+    plan = placement(config.cardinalities, comm.size)
     dot = select_dot_implementation(dot_request, FLAGS.cpu,
                                     xla=FLAGS.xla and FLAGS.mode == "train",
                                     export=FLAGS.mode == "deploy")
@@ -266,12 +300,10 @@ def main(argv):
     logger = DLLogger(FLAGS.log_path, enabled=comm.rank == 0)
     try:
         check_flags(comm.size)
-        spec = dataset_spec()
         if FLAGS.print_plan:
-            plan = make_plan(spec.cardinalities, FLAGS.embedding_dim, comm.size,
-                             FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold)
-            logger.print(plan.describe())
+            print_plans(logger, comm.size)
             return 0
+        spec = dataset_spec()
         plan, trainer = build(comm, spec)
         own_flags = FLAGS.get_key_flags_for_module(sys.modules[__name__])
         logger.parameters({f.name: f.value for f in own_flags} | {"world_size": comm.size})

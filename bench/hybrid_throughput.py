@@ -17,7 +17,6 @@ sys.path.insert(0, ROOT)
 
 from core.dllog import read_log  # noqa: E402
 from core.parallel.placement import make_plan  # noqa: E402
-from core.parallel.horovod import expected_alltoall_bytes  # noqa: E402
 
 
 def run(processes: int, args, log: str) -> dict:
@@ -68,7 +67,7 @@ def main():
     print("processes  samples/s  vs 1 proc  all-to-all bytes/step rank 0: computed  measured")
     for n, r in sorted(results.items()):
         plan = make_plan([args.rows] * args.tables, args.dim, n)
-        computed = expected_alltoall_bytes(plan, args.batch_size, 0) if n > 1 else 0
+        computed = plan.alltoall_bytes_sent(0, args.batch_size) if n > 1 else 0
         measured = r["alltoall_measured"] if n > 1 else 0
         print(f"{n:9d}  {r['samples_per_second']:9,.0f}  {r['samples_per_second'] / base:8.2f}x"
               f"  {computed:>36,d}  {measured:>9,.0f}")

@@ -186,11 +186,3 @@ class HorovodCommunicator(Communicator):
     def alltoall_bytes_sent(self) -> int:
         return int(self.alltoall_bytes.numpy())
 
-
-def expected_alltoall_bytes(plan, global_batch: int, rank: int) -> int:
-    """Bytes a rank sends to others per training step: forward lookups of its pieces for the
-    other ranks' rows, plus the mirrored gradients in the backward pass (float32)."""
-    width = sum(p.width for p in plan.pieces_on(rank))
-    rows_elsewhere = global_batch - (global_batch * (rank + 1) // plan.world_size
-                                     - global_batch * rank // plan.world_size)
-    return int(2 * rows_elsewhere * width * np.dtype(np.float32).itemsize)
