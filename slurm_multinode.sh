@@ -28,6 +28,10 @@ echo "[slurm_multinode] ${SLURM_NTASKS:-?} tasks on ${SLURM_JOB_NUM_NODES:-?} no
   "(${cont:-no container}): $cmd"
 if [ -z "$cont" ]; then
   cd "${SLURM_SUBMIT_DIR:-.}"
+  if [ ! -f tools/slurm_launch.py ]; then
+    echo "error: submit slurm_multinode.sh from the repository root ($PWD has no tools/slurm_launch.py)" >&2
+    exit 2
+  fi
   if [ -x .venv/bin/python ]; then
     PATH="$PWD/.venv/bin:$PATH"
     export PATH
