@@ -42,7 +42,8 @@ class Communicator:
         limit in several processes; nothing to bound in one."""
         return contextlib.nullcontext()
 
-# set by horovodrun (Gloo), mpirun (Open MPI / MPICH) and srun --mpi=pmix respectively
+# set by horovodrun and slurm_multinode.sh without a container (Gloo), mpirun (Open MPI /
+# MPICH) and srun --mpi=pmix (slurm_multinode.sh with a container) respectively
 LAUNCHER_VARIABLES = ("HOROVOD_RANK", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK")
 
 
