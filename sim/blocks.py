@@ -1,15 +1,36 @@
 """Building blocks of DIN, DIEN and SIM as functions of tensors and plain variables.
 
 Sequences are [batch, steps, width] with a float mask [batch, steps] (1 = a behaviour,
-0 = padding). Every block is written so that masked steps contribute nothing: appending
-padding to a sequence never changes a result.
+0 = padding). The compact architecture's blocks (AttentionUnit, GRU, auxiliary_loss) are
+written so that masked steps contribute nothing; the reference architecture's
+(ClassifierMLP, ResetAfterGRU, AUGRU, TargetAdaptedAttention, reference_auxiliary_loss)
+compute what NVIDIA's layers compute, padding steps included (their inputs are zero
+vectors there, as the reference's).
 """
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from core.initializers import glorot_normal
 from core.layers import MLP
+
+PRELU_INITIAL_SLOPE = 0.1  # NVIDIA's PReLU(alpha_initializer=Constant(0.1))
+AUX_EPS = 1e-6  # NVIDIA's EPS added to the auxiliary network's probabilities
+
+
+def glorot_uniform(fan_in: int, fan_out: int, seed: int, key: int) -> np.ndarray:
+    """Keras's default Dense kernel initialiser, seeded per variable as core.initializers."""
+    limit = np.sqrt(6.0 / (fan_in + fan_out))
+    rng = np.random.default_rng([seed, key])
+    return rng.uniform(-limit, limit, (fan_in, fan_out)).astype(np.float32)
+
+
+def orthogonal_columns(rows: int, blocks: int, seed: int, key: int) -> np.ndarray:
+    """[rows, blocks * rows]: Keras's orthogonal initialiser for a GRU's recurrent kernel."""
+    rng = np.random.default_rng([seed, key])
+    q, r = np.linalg.qr(rng.standard_normal((blocks * rows, rows)))
+    return (q * np.sign(np.diag(r))).T.astype(np.float32)
 
 def apply_mlp(mlp: MLP, x, compute_dtype):
     """The MLP on the last axis of a tensor of any rank (flattened to one matmul)."""
@@ -19,16 +40,8 @@ def apply_mlp(mlp: MLP, x, compute_dtype):
 
 
 class AttentionUnit(tf.Module):
-    """DIN's activation unit: score(q, k) = MLP([q, k, q - k, q * k]) -> [B, S].
-
-    The first layer's kernel is one [4W, H] matrix (blocks for q, k, q-k, q*k), applied in
-    the equivalent form q (Wq + Wd) + [k, q*k] [Wk - Wd; Wp]: the query's part once per row.
-    Over long sequences (S >= PER_ROW_MIN_STEPS) the keys' part is k (Wk - Wd + diag(q) Wp):
-    one [W, H] kernel per row, a batched matmul of width W instead of 2W (half the
-    multiply-adds, no [B, S, 2W] product); over short ones the per-row kernels cost more
-    than they save."""
-
-    PER_ROW_MIN_STEPS = 32
+    """DIN's activation unit: score(q, k) = MLP([q, k, q - k, q * k]) -> [B, S] (ReLU; the
+    compact architecture's and --item_item_interaction activation_unit's scorer)."""
 
     def __init__(self, item_width: int, widths, seed: int, key: int, name: str):
         super().__init__(name=name)
@@ -43,15 +56,114 @@ class AttentionUnit(tf.Module):
                 **self.rest.named_variables(f"{prefix}/rest")}
 
     def __call__(self, query, keys, compute_dtype):
-        wq, wk, wd, wp = tf.split(tf.cast(self.kernel, compute_dtype), 4, axis=0)
-        per_row = tf.nn.bias_add(tf.matmul(query, wq + wd), tf.cast(self.bias, compute_dtype))
-        if (keys.shape[1] or 0) >= self.PER_ROW_MIN_STEPS:
-            row_kernels = (wk - wd)[None] + query[:, :, None] * wp[None]  # [B, W, H]
-            per_step = tf.matmul(keys, row_kernels)
-        else:
-            per_step = matmul_last_axis(tf.concat([keys, query[:, None, :] * keys], -1),
-                                        tf.concat([wk - wd, wp], 0))
-        hidden = tf.nn.relu(per_row[:, None, :] + per_step)
+        hidden = tf.nn.relu(pair_layer(query, keys, self.kernel, self.bias, compute_dtype))
+        return tf.squeeze(apply_mlp(self.rest, hidden, compute_dtype), axis=-1)
+
+
+PER_ROW_MIN_STEPS = 32
+
+
+def pair_layer(query, keys, kernel, bias, compute_dtype):
+    """The first layer of an attention MLP on [q, k, q - k, q * k] (kernel [4W, H], blocks
+    for q, k, q-k, q*k), before its activation -> [B, S, H].
+
+    Applied in the equivalent form q (Wq + Wd) + [k, q*k] [Wk - Wd; Wp]: the query's part
+    once per row. Over long sequences (S >= PER_ROW_MIN_STEPS) the keys' part is
+    k (Wk - Wd + diag(q) Wp): one [W, H] kernel per row, a batched matmul of width W instead
+    of 2W (half the multiply-adds, no [B, S, 2W] product); over short ones the per-row
+    kernels cost more than they save."""
+    wq, wk, wd, wp = tf.split(tf.cast(kernel, compute_dtype), 4, axis=0)
+    per_row = tf.nn.bias_add(tf.matmul(query, wq + wd), tf.cast(bias, compute_dtype))
+    if (keys.shape[1] or 0) >= PER_ROW_MIN_STEPS:
+        row_kernels = (wk - wd)[None] + query[:, :, None] * wp[None]  # [B, W, H]
+        per_step = tf.matmul(keys, row_kernels)
+    else:
+        per_step = matmul_last_axis(tf.concat([keys, query[:, None, :] * keys], -1),
+                                    tf.concat([wk - wd, wp], 0))
+    return per_row[:, None, :] + per_step
+
+
+def prelu(x, alpha):
+    """max(x, 0) + alpha min(x, 0), alpha per unit (Keras's PReLU without shared axes)."""
+    return tf.nn.relu(x) - tf.cast(alpha, x.dtype) * tf.nn.relu(-x)
+
+
+class ClassifierMLP(tf.Module):
+    """NVIDIA's CTRClassificationMLP: for each width, Dense then the activation (PReLU with
+    a learned per-unit slope started at 0.1, or sigmoid for DIEN's auxiliary network), then
+    a linear Dense to one logit. Kernels glorot-uniform and biases 0, as Keras's Dense.
+    Dropout (when given) sits between the last hidden layer and the scorer, as NVIDIA's."""
+
+    def __init__(self, input_width: int, widths, activation: str, seed: int, key: int,
+                 name: str):
+        super().__init__(name=name)
+        self.activation, self.layers = activation, []
+        with self.name_scope:
+            for i, width in enumerate(tuple(widths) + (1,)):
+                hidden = i < len(widths)
+                self.layers.append({
+                    "kernel": tf.Variable(glorot_uniform(input_width, width, seed, key + i),
+                                          name=f"kernel_{i}"),
+                    "bias": tf.Variable(tf.zeros([width]), name=f"bias_{i}"),
+                    **({"alpha": tf.Variable(tf.fill([width], PRELU_INITIAL_SLOPE),
+                                             name=f"alpha_{i}")}
+                       if hidden and activation == "prelu" else {})})
+                input_width = width
+
+    def named_variables(self, prefix: str) -> dict:
+        return {f"{prefix}/{i}/{k}": v for i, layer in enumerate(self.layers)
+                for k, v in layer.items()}
+
+    def activate(self, i: int, x):
+        """Layer i's activation of its pre-activation x."""
+        if self.activation == "sigmoid":
+            return tf.sigmoid(x)
+        return prelu(x, self.layers[i]["alpha"])
+
+    def __call__(self, x, compute_dtype=tf.float32, dropout=None, start: int = 0):
+        """x [N, width] -> logits [N, 1]. dropout: (rate, stateless seed) or None.
+        start=1: x is already layer 0's activated output."""
+        for i, layer in enumerate(self.layers[start:], start):
+            if i == len(self.layers) - 1 and dropout is not None:
+                x = tf.nn.experimental.stateless_dropout(x, dropout[0], dropout[1])
+            x = tf.nn.bias_add(tf.matmul(x, tf.cast(layer["kernel"], compute_dtype)),
+                               tf.cast(layer["bias"], compute_dtype))
+            if i < len(self.layers) - 1:
+                x = self.activate(i, x)
+        return x
+
+
+class TargetAdaptedAttention(tf.Module):
+    """NVIDIA's DIENAttentionUnit: the target is first adapted to the states' width,
+    q' = PReLU(q Wa + ba); score(q', h) = a sigmoid MLP (attention_mlp_dims) on
+    [q', h, q' - h, q' * h], then a linear Dense -> [B, S]."""
+
+    def __init__(self, item_width: int, state_width: int, widths, seed: int, key: int,
+                 name: str):
+        super().__init__(name=name)
+        with self.name_scope:
+            self.adapt_kernel = tf.Variable(glorot_uniform(item_width, state_width, seed, key),
+                                            name="adapt_kernel")
+            self.adapt_bias = tf.Variable(tf.zeros([state_width]), name="adapt_bias")
+            self.adapt_alpha = tf.Variable(tf.fill([state_width], PRELU_INITIAL_SLOPE),
+                                           name="adapt_alpha")
+            self.kernel = tf.Variable(glorot_uniform(4 * state_width, widths[0], seed, key + 1),
+                                      name="kernel")
+            self.bias = tf.Variable(tf.zeros([widths[0]]), name="bias")
+            self.rest = ClassifierMLP(widths[0], widths[1:], "sigmoid", seed, key + 2, "rest")
+
+    def named_variables(self, prefix: str) -> dict:
+        return {f"{prefix}/adapt_kernel": self.adapt_kernel,
+                f"{prefix}/adapt_bias": self.adapt_bias,
+                f"{prefix}/adapt_alpha": self.adapt_alpha, f"{prefix}/kernel": self.kernel,
+                f"{prefix}/bias": self.bias, **self.rest.named_variables(f"{prefix}/rest")}
+
+    def __call__(self, query, keys, compute_dtype):
+        adapted = prelu(tf.nn.bias_add(tf.matmul(query, tf.cast(self.adapt_kernel,
+                                                                compute_dtype)),
+                                       tf.cast(self.adapt_bias, compute_dtype)),
+                        self.adapt_alpha)
+        hidden = tf.sigmoid(pair_layer(adapted, keys, self.kernel, self.bias, compute_dtype))
         return tf.squeeze(apply_mlp(self.rest, hidden, compute_dtype), axis=-1)
 
 
@@ -61,13 +173,14 @@ def dot_product(query, keys, compute_dtype=None):
     return tf.reduce_sum(query[:, None, :] * keys, axis=-1)
 
 
-def masked_softmax(scores, mask):
-    """Softmax over the valid steps; padding gets exactly 0. Padding scores become the
-    dtype's lowest finite value, as NVIDIA's (a fixed -1e9 is -inf in float16): a row of
-    padding only then has a finite softmax, zeroed by the mask, rather than NaN."""
+def masked_softmax(scores, mask, zero_padding: bool = True):
+    """Softmax over the valid steps. Padding scores become the dtype's lowest finite value,
+    as NVIDIA's (a fixed -1e9 is -inf in float16), so padding gets 0 wherever a row has a
+    behaviour. A row of padding only gets 0 everywhere (zero_padding) or NVIDIA's uniform
+    1/S (which its DIEN attention hands to the AUGRU)."""
     weights = tf.nn.softmax(tf.where(mask > 0, scores,
                                      tf.constant(scores.dtype.min, scores.dtype)))
-    return weights * mask
+    return weights * mask if zero_padding else weights
 
 
 def attention_pool(unit, query, keys, mask, compute_dtype, normalize: bool = False):
@@ -158,6 +271,90 @@ class GRU(tf.Module):
         return tf.transpose(states, [1, 0, 2])
 
 
+class ResetAfterGRU(tf.Module):
+    """Keras's GRU as NVIDIA's interest extractor builds it (reset_after=True, kernel
+    glorot-uniform, recurrent kernel orthogonal, input and recurrent biases [2, 3H] at 0),
+    gate columns z, r, n:
+        z = s(x Wz + bz + h Uz + b'z),  r = s(x Wr + br + h Ur + b'r)
+        n = tanh(x Wn + bn + r * (h Un + b'n)),  h' = z h + (1 - z) n
+    over every step from h = 0, padding included (no mask: the reference feeds it zero
+    vectors there). The input projections of all steps are one matmul; the loop is
+    unrolled over the (static) steps: one [H, 3H] matmul per step and no while loop."""
+
+    def __init__(self, input_width: int, units: int, seed: int, key: int, name: str):
+        super().__init__(name=name)
+        self.units = units
+        with self.name_scope:
+            self.kernel = tf.Variable(glorot_uniform(input_width, 3 * units, seed, key),
+                                      name="kernel")
+            self.recurrent = tf.Variable(orthogonal_columns(units, 3, seed, key + 1),
+                                         name="recurrent_kernel")
+            self.bias = tf.Variable(tf.zeros([2, 3 * units]), name="bias")
+
+    def named_variables(self, prefix: str) -> dict:
+        return {f"{prefix}/kernel": self.kernel, f"{prefix}/recurrent_kernel": self.recurrent,
+                f"{prefix}/bias": self.bias}
+
+    def __call__(self, inputs, compute_dtype):
+        """inputs [B, S, D] -> the state after each step [B, S, units]."""
+        units, bias = self.units, tf.cast(self.bias, compute_dtype)
+        projected = tf.nn.bias_add(matmul_last_axis(inputs, tf.cast(self.kernel, compute_dtype)),
+                                   bias[0])
+        recurrent = tf.cast(self.recurrent, compute_dtype)
+        h = tf.zeros([tf.shape(inputs)[0], units], compute_dtype)
+        states = []
+        for x in tf.unstack(projected, axis=1):
+            hu = tf.nn.bias_add(tf.matmul(h, recurrent), bias[1])
+            z, r = tf.split(tf.sigmoid(x[:, :2 * units] + hu[:, :2 * units]), 2, axis=1)
+            n = tf.tanh(x[:, 2 * units:] + r * hu[:, 2 * units:])
+            h = n + z * (h - n)
+            states.append(h)
+        return tf.stack(states, axis=1)
+
+
+class AUGRU(tf.Module):
+    """NVIDIA's interest evolution (VecAttGRUCell in a Keras RNN): with a the attention
+    weight of the step,
+        [r, u] = s([x, h] Wg + bg)   (bg starts at 1),   c = tanh([x, r * h] Wc + bc)
+        u' = (1 - a) u,   h' = u' h + (1 - u') c
+    over every step from h = 0; returns the last state. The kernels' rows for x apply to all
+    steps in one matmul outside the loop (unrolled as ResetAfterGRU's)."""
+
+    def __init__(self, input_width: int, units: int, seed: int, key: int, name: str):
+        super().__init__(name=name)
+        self.input_width, self.units = input_width, units
+        with self.name_scope:
+            self.gate_kernel = tf.Variable(glorot_uniform(input_width + units, 2 * units, seed,
+                                                          key), name="gate_kernel")
+            self.gate_bias = tf.Variable(tf.ones([2 * units]), name="gate_bias")
+            self.candidate_kernel = tf.Variable(glorot_uniform(input_width + units, units,
+                                                               seed, key + 1),
+                                                name="candidate_kernel")
+            self.candidate_bias = tf.Variable(tf.zeros([units]), name="candidate_bias")
+
+    def named_variables(self, prefix: str) -> dict:
+        return {f"{prefix}/gate_kernel": self.gate_kernel,
+                f"{prefix}/gate_bias": self.gate_bias,
+                f"{prefix}/candidate_kernel": self.candidate_kernel,
+                f"{prefix}/candidate_bias": self.candidate_bias}
+
+    def __call__(self, inputs, attention, compute_dtype):
+        """inputs [B, S, D], attention [B, S] -> the last state [B, units]."""
+        d, units = self.input_width, self.units
+        gate = tf.cast(self.gate_kernel, compute_dtype)
+        candidate = tf.cast(self.candidate_kernel, compute_dtype)
+        projected = tf.nn.bias_add(
+            matmul_last_axis(inputs, tf.concat([gate[:d], candidate[:d]], 1)),
+            tf.cast(tf.concat([self.gate_bias, self.candidate_bias], 0), compute_dtype))
+        keep = 1 - tf.cast(attention, compute_dtype)
+        h = tf.zeros([tf.shape(inputs)[0], units], compute_dtype)
+        for x, k in zip(tf.unstack(projected, axis=1), tf.unstack(keep, axis=1)):
+            r, u = tf.split(tf.sigmoid(x[:, :2 * units] + tf.matmul(h, gate[d:])), 2, axis=1)
+            c = tf.tanh(x[:, 2 * units:] + tf.matmul(r * h, candidate[d:]))
+            h = c + k[:, None] * u * (h - c)
+        return h
+
+
 def gather_rows(params, indices):
     """tf.gather(params, indices) along axis 0, whose gradient is params' shape, dense: one
     segment sum of the positions' gradients, where autodiff would hand a list of every
@@ -193,6 +390,31 @@ def auxiliary_loss(aux_mlp: MLP, states, positive_next, negative_next, mask, com
         tf.cast(neg, tf.float32))
     pairs = tf.reduce_sum(pair_mask, axis=1)
     return tf.reduce_sum(pair_loss * pair_mask, axis=1) / tf.maximum(pairs, 1.0)
+
+
+def reference_auxiliary_loss(aux_mlp: ClassifierMLP, states, positive, negative, mask,
+                             compute_dtype, dropout=None):
+    """NVIDIA's DIEN auxiliary loss per row (its batch mean is NVIDIA's reduce_mean):
+        sum_t m_{t+1} (-log(p+_t) - log(1 - p-_t)) / (S - 1),  t = 1 .. S-1
+    with p = s(aux([h_t, e_{t+1}])) + 1e-6 for the positive and the negative behaviour t+1
+    and m the mask of step t+1 only. The first layer's share of h_t is computed once for
+    both, and both then go through the rest of the network as one batch. Where NVIDIA's
+    1 - p- is <= 0 (NaN) the log is floored at 1e-6. dropout: as ClassifierMLP's.
+    Returns [B] float32."""
+    width = states.shape[-1]
+    first = aux_mlp.layers[0]
+    kernel = tf.cast(first["kernel"], compute_dtype)
+    from_states = tf.nn.bias_add(matmul_last_axis(states[:, :-1], kernel[:width]),
+                                 tf.cast(first["bias"], compute_dtype))
+    hidden = [aux_mlp.activate(0, from_states + matmul_last_axis(e[:, 1:], kernel[width:]))
+              for e in (positive, negative)]
+    flat = tf.reshape(tf.concat(hidden, 0), [-1, hidden[0].shape[-1]])
+    logits = tf.reshape(tf.cast(aux_mlp(flat, compute_dtype, dropout, start=1), tf.float32),
+                        [2, tf.shape(states)[0], -1])
+    click = -tf.math.log(tf.sigmoid(logits[0]) + AUX_EPS)
+    no_click = -tf.math.log(tf.maximum(tf.sigmoid(-logits[1]) - AUX_EPS, AUX_EPS))
+    steps = tf.cast(tf.shape(states)[1] - 1, tf.float32)
+    return tf.reduce_sum((click + no_click) * tf.cast(mask[:, 1:], tf.float32), 1) / steps
 
 
 def top_k_selection(weights, k: int):

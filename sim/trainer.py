@@ -62,6 +62,8 @@ class SimTask:
         per_row = tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit)
         if gsu_logit is not None:
             per_row += tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=gsu_logit)
+            if self.model.config.reference:  # NVIDIA's SIM loss: the two stages' mean
+                per_row *= 0.5
         if aux is not None:
             per_row += aux
         return mean_share(per_row, global_rows)

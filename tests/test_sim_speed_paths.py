@@ -141,7 +141,7 @@ def test_attention_over_long_sequences_uses_per_row_kernels_with_the_same_scores
     from test_sim_layers import np_scores
     rng = np.random.default_rng(5)
     B, W = 3, 4
-    S = blocks.AttentionUnit.PER_ROW_MIN_STEPS + 3
+    S = blocks.PER_ROW_MIN_STEPS + 3
     unit = blocks.AttentionUnit(W, (6, 5), seed=1, key=0, name="long_att")
     q = rng.normal(size=(B, W)).astype(np.float32)
     keys = rng.normal(size=(B, S, W)).astype(np.float32)
