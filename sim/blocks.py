@@ -278,8 +278,8 @@ class ResetAfterGRU(tf.Module):
         z = s(x Wz + bz + h Uz + b'z),  r = s(x Wr + br + h Ur + b'r)
         n = tanh(x Wn + bn + r * (h Un + b'n)),  h' = z h + (1 - z) n
     over every step from h = 0, padding included (no mask: the reference feeds it zero
-    vectors there). The input projections of all steps are one matmul; the loop is
-    unrolled over the (static) steps: one [H, 3H] matmul per step and no while loop."""
+    vectors there). The input projections of all steps are one matmul; the recurrence is
+    gru_states (unrolled, gradient by hand)."""
 
     def __init__(self, input_width: int, units: int, seed: int, key: int, name: str):
         super().__init__(name=name)
@@ -297,19 +297,63 @@ class ResetAfterGRU(tf.Module):
 
     def __call__(self, inputs, compute_dtype):
         """inputs [B, S, D] -> the state after each step [B, S, units]."""
-        units, bias = self.units, tf.cast(self.bias, compute_dtype)
+        bias = tf.cast(self.bias, compute_dtype)
         projected = tf.nn.bias_add(matmul_last_axis(inputs, tf.cast(self.kernel, compute_dtype)),
                                    bias[0])
-        recurrent = tf.cast(self.recurrent, compute_dtype)
-        h = tf.zeros([tf.shape(inputs)[0], units], compute_dtype)
-        states = []
-        for x in tf.unstack(projected, axis=1):
-            hu = tf.nn.bias_add(tf.matmul(h, recurrent), bias[1])
-            z, r = tf.split(tf.sigmoid(x[:, :2 * units] + hu[:, :2 * units]), 2, axis=1)
-            n = tf.tanh(x[:, 2 * units:] + r * hu[:, 2 * units:])
+        return gru_states(projected, tf.cast(self.recurrent, compute_dtype), bias[1])
+
+
+def gru_states(projected, recurrent, recurrent_bias):
+    """ResetAfterGRU's recurrence over projected [B, S, 3H] (x W + b of every step) ->
+    states [B, S, H], unrolled over the static steps (no while loop), with its gradient
+    written by hand: autodiff of the unrolled cell costs about twice the ops per step, and a
+    matmul per step for the recurrent kernel's gradient, here one over all steps. Backward,
+    with dh the state's gradient:
+        d n_pre = dh (1 - z)(1 - n^2),   d [z, r]_pre = [dh (h_prev - n), d n_pre hu_n] z'
+        (z' = s (1 - s)),   d hu = [d [z, r]_pre, r d n_pre],   dh_prev = z dh + d hu U^T."""
+    units = recurrent.shape[0]
+
+    @tf.custom_gradient
+    def run(projected, recurrent, recurrent_bias):
+        x_zr, x_n = (tf.unstack(x, axis=1)
+                     for x in tf.split(projected, [2 * units, units], axis=2))
+        h = tf.zeros_like(x_n[0])
+        saved = {"h_prev": [], "zr": [], "n": [], "hu_n": []}
+        for t in range(len(x_n)):
+            hu_zr, hu_n = tf.split(tf.nn.bias_add(tf.matmul(h, recurrent), recurrent_bias),
+                                   [2 * units, units], axis=1)
+            zr = tf.sigmoid(x_zr[t] + hu_zr)
+            z, r = tf.split(zr, 2, axis=1)
+            n = tf.tanh(x_n[t] + r * hu_n)
+            for name, value in (("h_prev", h), ("zr", zr), ("n", n), ("hu_n", hu_n)):
+                saved[name].append(value)
             h = n + z * (h - n)
-            states.append(h)
-        return tf.stack(states, axis=1)
+        h_prev, zr, n, hu_n = (tf.stack(saved[k]) for k in ("h_prev", "zr", "n", "hu_n"))
+        states = tf.concat([h_prev[1:], h[None]], 0)  # [S, B, H]
+
+        def grad(d_states):
+            z, r = tf.split(zr, 2, axis=2)
+            # the per-step factors of all steps at once: big ops outside the loop
+            n_pre_factor = tf.unstack((1 - z) * (1 - n * n))
+            zr_factor = tf.unstack(tf.concat([h_prev - n, hu_n], 2) * zr * (1 - zr))
+            z, r = tf.unstack(z), tf.unstack(r)
+            d_out = tf.unstack(tf.transpose(d_states, [1, 0, 2]))
+            recurrent_t = tf.transpose(recurrent)
+            dh, d_x, d_hu = tf.zeros_like(d_out[0]), [], []
+            for t in reversed(range(len(d_out))):
+                dh += d_out[t]
+                d_n_pre = dh * n_pre_factor[t]
+                d_zr_pre = tf.concat([dh, d_n_pre], 1) * zr_factor[t]
+                d_x.append(tf.concat([d_zr_pre, d_n_pre], 1))
+                d_hu.append(tf.concat([d_zr_pre, d_n_pre * r[t]], 1))
+                if t:  # h_0 = 0 is no variable
+                    dh = dh * z[t] + tf.matmul(d_hu[-1], recurrent_t)
+            d_hu = tf.stack(d_hu[::-1])
+            d_recurrent = tf.matmul(tf.reshape(h_prev, [-1, units]),
+                                    tf.reshape(d_hu, [-1, 3 * units]), transpose_a=True)
+            return tf.stack(d_x[::-1], 1), d_recurrent, tf.reduce_sum(d_hu, [0, 1])
+        return tf.transpose(states, [1, 0, 2]), grad
+    return run(projected, recurrent, recurrent_bias)
 
 
 class AUGRU(tf.Module):
@@ -318,7 +362,7 @@ class AUGRU(tf.Module):
         [r, u] = s([x, h] Wg + bg)   (bg starts at 1),   c = tanh([x, r * h] Wc + bc)
         u' = (1 - a) u,   h' = u' h + (1 - u') c
     over every step from h = 0; returns the last state. The kernels' rows for x apply to all
-    steps in one matmul outside the loop (unrolled as ResetAfterGRU's)."""
+    steps in one matmul outside the loop; the recurrence is augru_last_state."""
 
     def __init__(self, input_width: int, units: int, seed: int, key: int, name: str):
         super().__init__(name=name)
@@ -340,19 +384,72 @@ class AUGRU(tf.Module):
 
     def __call__(self, inputs, attention, compute_dtype):
         """inputs [B, S, D], attention [B, S] -> the last state [B, units]."""
-        d, units = self.input_width, self.units
+        d = self.input_width
         gate = tf.cast(self.gate_kernel, compute_dtype)
         candidate = tf.cast(self.candidate_kernel, compute_dtype)
         projected = tf.nn.bias_add(
             matmul_last_axis(inputs, tf.concat([gate[:d], candidate[:d]], 1)),
             tf.cast(tf.concat([self.gate_bias, self.candidate_bias], 0), compute_dtype))
-        keep = 1 - tf.cast(attention, compute_dtype)
-        h = tf.zeros([tf.shape(inputs)[0], units], compute_dtype)
-        for x, k in zip(tf.unstack(projected, axis=1), tf.unstack(keep, axis=1)):
-            r, u = tf.split(tf.sigmoid(x[:, :2 * units] + tf.matmul(h, gate[d:])), 2, axis=1)
-            c = tf.tanh(x[:, 2 * units:] + tf.matmul(r * h, candidate[d:]))
-            h = c + k[:, None] * u * (h - c)
-        return h
+        return augru_last_state(projected, 1 - tf.cast(attention, compute_dtype), gate[d:],
+                                candidate[d:])
+
+
+def augru_last_state(projected, keep, gate_kernel, candidate_kernel):
+    """AUGRU's recurrence over projected [B, S, 3H] ([x Wg + bg, x Wc + bc] of every step),
+    keep = 1 - attention [B, S] -> the last state [B, H]; unrolled, gradient by hand as
+    gru_states'. With k u the attended update gate and dh the state's gradient:
+        d c_pre = dh (1 - k u)(1 - c^2),   d(r h) = d c_pre Wc_h^T,   d(k u) = dh (h_prev - c)
+        d [r, u]_pre = [d(r h) h_prev, k d(k u)] g',   d k = sum(u d(k u))
+        dh_prev = k u dh + r d(r h) + d [r, u]_pre Wg_h^T."""
+    units = candidate_kernel.shape[0]
+
+    @tf.custom_gradient
+    def run(projected, keep, gate_kernel, candidate_kernel):
+        x_g, x_c = (tf.unstack(x, axis=1)
+                    for x in tf.split(projected, [2 * units, units], axis=2))
+        keeps = tf.unstack(keep[:, :, None], axis=1)
+        h = tf.zeros_like(x_c[0])
+        saved = {"h_prev": [], "g": [], "rh": [], "c": []}
+        for t in range(len(x_c)):
+            g = tf.sigmoid(x_g[t] + tf.matmul(h, gate_kernel))
+            r, u = tf.split(g, 2, axis=1)
+            rh = r * h
+            c = tf.tanh(x_c[t] + tf.matmul(rh, candidate_kernel))
+            for name, value in (("h_prev", h), ("g", g), ("rh", rh), ("c", c)):
+                saved[name].append(value)
+            h = c + keeps[t] * u * (h - c)
+        last = h
+
+        def grad(d_last):
+            h_prev, g, rh, c = (tf.stack(saved[k]) for k in ("h_prev", "g", "rh", "c"))
+            r, u = tf.split(g, 2, axis=2)
+            k = tf.transpose(keep)[:, :, None]
+            ku = k * u
+            c_pre_factor = tf.unstack((1 - ku) * (1 - c * c))
+            diff, gate_factor = tf.unstack(h_prev - c), tf.unstack(g * (1 - g))
+            h_prev_t, r, u, ku, k = (tf.unstack(x) for x in (h_prev, r, u, ku, k))
+            candidate_t, gate_t = tf.transpose(candidate_kernel), tf.transpose(gate_kernel)
+            dh, d_x, d_keep, d_g, d_c = d_last, [], [], [], []
+            for t in reversed(range(len(diff))):
+                d_c_pre = dh * c_pre_factor[t]
+                d_ku = dh * diff[t]
+                d_rh = tf.matmul(d_c_pre, candidate_t)
+                d_g_pre = tf.concat([d_rh * h_prev_t[t], d_ku * k[t]], 1) * gate_factor[t]
+                d_keep.append(tf.reduce_sum(d_ku * u[t], 1))
+                d_x.append(tf.concat([d_g_pre, d_c_pre], 1))
+                d_g.append(d_g_pre)
+                d_c.append(d_c_pre)
+                if t:  # h_0 = 0 is no variable
+                    dh = dh * ku[t] + d_rh * r[t] + tf.matmul(d_g_pre, gate_t)
+            d_gate = tf.matmul(tf.reshape(h_prev, [-1, units]),
+                               tf.reshape(tf.stack(d_g[::-1]), [-1, 2 * units]),
+                               transpose_a=True)
+            d_candidate = tf.matmul(tf.reshape(rh, [-1, units]),
+                                    tf.reshape(tf.stack(d_c[::-1]), [-1, units]),
+                                    transpose_a=True)
+            return (tf.stack(d_x[::-1], 1), tf.stack(d_keep[::-1], 1), d_gate, d_candidate)
+        return last, grad
+    return run(projected, keep, gate_kernel, candidate_kernel)
 
 
 def gather_rows(params, indices):
