@@ -44,6 +44,9 @@ flags.DEFINE_float("lr", 0.01, "Learning rate")
 flags.DEFINE_enum("optimizer", "adam", ["adam", "lazy_adam", "sgd"], "adam (lazy rows for "
                   "tables; lazy_adam: the same) or sgd")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (adam)")
+flags.DEFINE_enum("table_updates", "lazy", ["lazy", "dense"], "lazy: the optimizer updates "
+                  "the table rows a batch looks up (moments included); dense: every row each "
+                  "step, as the reference's AdamW on dense table gradients (slower)")
 flags.DEFINE_float("dropout_rate", -1.0, "Dropout before the scorer of every MLP (reference; "
                    "compact: on the stage-two MLP input); -1: off")
 flags.DEFINE_bool("amp", False, "bfloat16 (CPU) / float16 (GPU) compute; tables stay float32")
@@ -133,7 +136,7 @@ def build(spec, comm):
                        architecture=F.architecture)
     optimizer = "adam" if F.optimizer == "lazy_adam" else F.optimizer
     trainer = SimTrainer(SimModel(config), comm, optimizer, F.lr, F.weight_decay, F.amp,
-                         F.xla, F.seed)
+                         F.xla, F.seed, F.table_updates)
     comm.broadcast_variables(list(trainer.variables().values()))
     return trainer
 
