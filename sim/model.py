@@ -150,13 +150,15 @@ class SimModel(tf.Module):
                                 for t, n in enumerate(c.item_cardinalities)]
             if c.model_type == "din" and not c.dot:
                 # name kept for checkpoints: DIN's scorer over the whole history
-                self._add("short_attention", "short_attention", self._activation_unit(1000))
+                self._add("short_attention", "short_attention",
+                          self._activation_unit(1000, "short_attention"))
             if c.model_type != "din":
                 self._build_dien()
             if c.model_type == "sim" and not c.dot:
                 self._add("gsu_scorer", "gsu_scorer", blocks.AttentionUnit(
                     c.item_width, c.stage_one_mlp_dims, c.seed, 1400, "gsu_scorer"))
-                self._add("long_attention", "long_attention", self._activation_unit(1600))
+                self._add("long_attention", "long_attention",
+                          self._activation_unit(1600, "long_attention"))
             if c.model_type == "sim":
                 self._add("gsu_head", "gsu_head", self._classifier(
                     self._stage_one_width(), c.stage_one_mlp_dims, 1500, "gsu_head"))
@@ -167,10 +169,9 @@ class SimModel(tf.Module):
         setattr(self, attribute, block)
         self._dense[prefix] = block
 
-    def _activation_unit(self, key: int):
+    def _activation_unit(self, key: int, name: str):
         c = self.config
-        return blocks.AttentionUnit(c.item_width, c.attention_mlp_dims, c.seed, key,
-                                    "short_attention" if key == 1000 else "long_attention")
+        return blocks.AttentionUnit(c.item_width, c.attention_mlp_dims, c.seed, key, name)
 
     def _build_dien(self):
         """DIEN's attention over the short part, GRU, AUGRU and auxiliary network."""
@@ -186,7 +187,8 @@ class SimModel(tf.Module):
             self._add("aux_mlp", "aux_mlp", blocks.ClassifierMLP(
                 state + item, c.aux_mlp_dims, "sigmoid", c.seed, 1300, "aux_mlp"))
             return
-        self._add("short_attention", "short_attention", self._activation_unit(1000))
+        self._add("short_attention", "short_attention",
+                          self._activation_unit(1000, "short_attention"))
         self._add("gru", "interest_extractor", blocks.GRU(item, item, c.seed, 1100,
                                                           "interest_extractor"))
         self._add("augru", "interest_evolution", blocks.GRU(item, item, c.seed, 1200,
