@@ -188,7 +188,7 @@ class SimModel(tf.Module):
                 state + item, c.aux_mlp_dims, "sigmoid", c.seed, 1300, "aux_mlp"))
             return
         self._add("short_attention", "short_attention",
-                          self._activation_unit(1000, "short_attention"))
+                  self._activation_unit(1000, "short_attention"))
         self._add("gru", "interest_extractor", blocks.GRU(item, item, c.seed, 1100,
                                                           "interest_extractor"))
         self._add("augru", "interest_evolution", blocks.GRU(item, item, c.seed, 1200,
