@@ -5,7 +5,7 @@ interleaved: samples/s and p99 latency), per model and batch size, medians over 
 
   bash /work/shared/peer/sim/setup_ref.sh              # once: the reference in /tmp/peer_sim
   python bench/sim_vs_reference.py --data 256=DIR --data 4096=DIR2 [--rounds 3] [--epochs 3]
-      [--models din,dien,sim] [--label after] [--out bench/results/sim_vs_reference_after.txt]
+      [--models din,dien,sim] [--label long] [--out bench/results/sim_vs_reference.txt]
       [--project .] [--baseline_project DIR] [--skip_training] [--skip_inference]
 
 DIR: TFRecords written by the reference's preprocessing/parquet_to_tfrecord.py (see
