@@ -7,6 +7,7 @@ pipeline's own rate on a dataset (rows/s through DictPipeline, no model).
 
   python bench/sim_step_profile.py --dataset_dir DATA [--batch_sizes 256,4096]
       [--models din,dien,sim] [--steps 20] [--xla] [--pipeline] [--ops]
+      [--architecture reference|compact]
 
 Prints one JSON line per (model, batch size, piece): milliseconds per step (median).
 --ops also traces the whole step with the TensorFlow profiler and prints its op time by op
@@ -96,17 +97,28 @@ def pieces(model, inputs, compute_dtype):
             [] if c.dot else u.trainable_variables, [target, e["history"]])
     else:
         short, mask = e["short"], e["short_mask"]
-        out["GRU over 10"] = grad_of(lambda: tf.reduce_sum(model.gru(short, mask, compute_dtype)),
-                                     model.gru.trainable_variables, [short])
         att = tf.nn.softmax(tf.random.normal(tf.shape(mask)))
-        out["AUGRU over 10"] = grad_of(
-            lambda: tf.reduce_sum(model.augru(short, mask, compute_dtype, att)[:, -1]),
-            model.augru.trainable_variables, [short])
-        out["aux loss"] = grad_of(
-            lambda: tf.reduce_sum(blocks.auxiliary_loss(model.aux_mlp, short, short,
-                                                        e["short_negative"], mask,
-                                                        compute_dtype)),
-            model.aux_mlp.trainable_variables, [short])
+        if c.reference:  # the AUGRU and the auxiliary network read the GRU's H-wide states
+            states = tf.identity(model.gru(short, compute_dtype))
+            gru = lambda: model.gru(short, compute_dtype)  # noqa: E731
+            augru = lambda: model.augru(states, att, compute_dtype)  # noqa: E731
+            aux = lambda: blocks.reference_auxiliary_loss(  # noqa: E731
+                model.aux_mlp, states, short, e["short_negative"], mask, compute_dtype)
+        else:
+            states = short
+            gru = lambda: model.gru(short, mask, compute_dtype)  # noqa: E731
+            augru = lambda: model.augru(short, mask, compute_dtype, att)[:, -1]  # noqa: E731
+            aux = lambda: blocks.auxiliary_loss(  # noqa: E731
+                model.aux_mlp, short, short, e["short_negative"], mask, compute_dtype)
+        out["GRU over 10"] = grad_of(lambda: tf.reduce_sum(gru()),
+                                     model.gru.trainable_variables, [short])
+        out["AUGRU over 10"] = grad_of(lambda: tf.reduce_sum(augru()),
+                                       model.augru.trainable_variables, [states])
+        out["aux loss"] = grad_of(lambda: tf.reduce_sum(aux()),
+                                  model.aux_mlp.trainable_variables, [states])
+        out["DIEN attention"] = grad_of(
+            lambda: tf.reduce_sum(model.short_attention(target, states, compute_dtype)),
+            model.short_attention.trainable_variables, [target, states])
     if c.model_type == "sim":
         long, lmask = e["long"], e["long_mask"]
         out["GSU scorer over 90 + top-k"] = grad_of(
@@ -133,7 +145,8 @@ def op_types(step, data, steps: int, top: int = 12) -> dict:
             "by_type": {k: round(v, 2) for k, v in ranked}}
 
 
-def profile(spec, model_type: str, batch_size: int, steps: int, xla: bool, ops: bool):
+def profile(spec, model_type: str, batch_size: int, steps: int, xla: bool, ops: bool,
+            architecture: str):
     import tensorflow as tf
 
     from core.parallel.comm import make_communicator
@@ -141,7 +154,7 @@ def profile(spec, model_type: str, batch_size: int, steps: int, xla: bool, ops: 
     from sim.model import SimConfig, SimModel
     from sim.trainer import SimTrainer
     config = SimConfig(**model_shape(spec), model_type=model_type, long_seq_length=90,
-                       gsu_top_k=50)
+                       gsu_top_k=50, architecture=architecture)
     model = SimModel(config)
     trainer = SimTrainer(model, make_communicator(True), xla=xla)
     data = batches(spec, batch_size, 4)
@@ -159,7 +172,8 @@ def profile(spec, model_type: str, batch_size: int, steps: int, xla: bool, ops: 
     for name, fn in pieces(model, data[0][0], trainer.compute_dtype).items():
         rows.append({"piece": name, "ms": median_ms(fn, steps)})
     for r in rows:
-        print(json.dumps({"model": model_type, "batch": batch_size, **r,
+        print(json.dumps({"model": model_type, "architecture": architecture,
+                          "batch": batch_size, **r,
                           "ms": round(r["ms"], 2)}), flush=True)
     if ops:
         print(json.dumps({"model": model_type, "batch": batch_size, "piece": "op types",
@@ -174,6 +188,7 @@ def main():
     p.add_argument("--models", default="din,dien,sim")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--xla", action="store_true")
+    p.add_argument("--architecture", default="reference", choices=["reference", "compact"])
     p.add_argument("--pipeline", action="store_true", help="also time the input pipeline")
     p.add_argument("--ops", action="store_true",
                    help="also the whole step's op time by op type (TensorFlow profiler)")
@@ -186,7 +201,7 @@ def main():
             print(json.dumps({"batch": b, "piece": "input pipeline alone",
                               "rows_per_s": round(pipeline_rate(spec, b))}), flush=True)
         for m in a.models.split(","):
-            profile(spec, m, b, a.steps, a.xla, a.ops)
+            profile(spec, m, b, a.steps, a.xla, a.ops, a.architecture)
 
 
 if __name__ == "__main__":

@@ -42,9 +42,11 @@ def ours(args, batches):
     from core.parallel.comm import make_communicator
     from sim.model import SimConfig, SimModel
     from sim.trainer import SimTrainer
-    # The Keras twin scores with the activation unit: so does ours here.
+    # The Keras twin is the compact architecture scoring with the activation unit: so is
+    # ours here.
     config = SimConfig((USERS,), (ITEMS, CATEGORIES), HISTORY, long_seq_length=LONG,
-                       model_type=args.model_type, item_item_interaction="activation_unit")
+                       model_type=args.model_type, item_item_interaction="activation_unit",
+                       architecture="compact")
     trainer = SimTrainer(SimModel(config), make_communicator())
     rows = tf.constant(int(batches[0][1].shape[0]), tf.int32)
 

@@ -1,15 +1,36 @@
 """Building blocks of DIN, DIEN and SIM as functions of tensors and plain variables.
 
 Sequences are [batch, steps, width] with a float mask [batch, steps] (1 = a behaviour,
-0 = padding). Every block is written so that masked steps contribute nothing: appending
-padding to a sequence never changes a result.
+0 = padding). The compact architecture's blocks (AttentionUnit, GRU, auxiliary_loss) are
+written so that masked steps contribute nothing; the reference architecture's
+(ClassifierMLP, ResetAfterGRU, AUGRU, TargetAdaptedAttention, reference_auxiliary_loss)
+compute what NVIDIA's layers compute, padding steps included (their inputs are zero
+vectors there, as the reference's).
 """
 from __future__ import annotations
 
+import numpy as np
 import tensorflow as tf
 
 from core.initializers import glorot_normal
 from core.layers import MLP
+
+PRELU_INITIAL_SLOPE = 0.1  # NVIDIA's PReLU(alpha_initializer=Constant(0.1))
+AUX_EPS = 1e-6  # NVIDIA's EPS added to the auxiliary network's probabilities
+
+
+def glorot_uniform(fan_in: int, fan_out: int, seed: int, key: int) -> np.ndarray:
+    """Keras's default Dense kernel initialiser, seeded per variable as core.initializers."""
+    limit = np.sqrt(6.0 / (fan_in + fan_out))
+    rng = np.random.default_rng([seed, key])
+    return rng.uniform(-limit, limit, (fan_in, fan_out)).astype(np.float32)
+
+
+def orthogonal_columns(rows: int, blocks: int, seed: int, key: int) -> np.ndarray:
+    """[rows, blocks * rows]: Keras's orthogonal initialiser for a GRU's recurrent kernel."""
+    rng = np.random.default_rng([seed, key])
+    q, r = np.linalg.qr(rng.standard_normal((blocks * rows, rows)))
+    return (q * np.sign(np.diag(r))).T.astype(np.float32)
 
 def apply_mlp(mlp: MLP, x, compute_dtype):
     """The MLP on the last axis of a tensor of any rank (flattened to one matmul)."""
@@ -19,16 +40,8 @@ def apply_mlp(mlp: MLP, x, compute_dtype):
 
 
 class AttentionUnit(tf.Module):
-    """DIN's activation unit: score(q, k) = MLP([q, k, q - k, q * k]) -> [B, S].
-
-    The first layer's kernel is one [4W, H] matrix (blocks for q, k, q-k, q*k), applied in
-    the equivalent form q (Wq + Wd) + [k, q*k] [Wk - Wd; Wp]: the query's part once per row.
-    Over long sequences (S >= PER_ROW_MIN_STEPS) the keys' part is k (Wk - Wd + diag(q) Wp):
-    one [W, H] kernel per row, a batched matmul of width W instead of 2W (half the
-    multiply-adds, no [B, S, 2W] product); over short ones the per-row kernels cost more
-    than they save."""
-
-    PER_ROW_MIN_STEPS = 32
+    """DIN's activation unit: score(q, k) = MLP([q, k, q - k, q * k]) -> [B, S] (ReLU; the
+    compact architecture's and --item_item_interaction activation_unit's scorer)."""
 
     def __init__(self, item_width: int, widths, seed: int, key: int, name: str):
         super().__init__(name=name)
@@ -43,15 +56,114 @@ class AttentionUnit(tf.Module):
                 **self.rest.named_variables(f"{prefix}/rest")}
 
     def __call__(self, query, keys, compute_dtype):
-        wq, wk, wd, wp = tf.split(tf.cast(self.kernel, compute_dtype), 4, axis=0)
-        per_row = tf.nn.bias_add(tf.matmul(query, wq + wd), tf.cast(self.bias, compute_dtype))
-        if (keys.shape[1] or 0) >= self.PER_ROW_MIN_STEPS:
-            row_kernels = (wk - wd)[None] + query[:, :, None] * wp[None]  # [B, W, H]
-            per_step = tf.matmul(keys, row_kernels)
-        else:
-            per_step = matmul_last_axis(tf.concat([keys, query[:, None, :] * keys], -1),
-                                        tf.concat([wk - wd, wp], 0))
-        hidden = tf.nn.relu(per_row[:, None, :] + per_step)
+        hidden = tf.nn.relu(pair_layer(query, keys, self.kernel, self.bias, compute_dtype))
+        return tf.squeeze(apply_mlp(self.rest, hidden, compute_dtype), axis=-1)
+
+
+PER_ROW_MIN_STEPS = 32
+
+
+def pair_layer(query, keys, kernel, bias, compute_dtype):
+    """The first layer of an attention MLP on [q, k, q - k, q * k] (kernel [4W, H], blocks
+    for q, k, q-k, q*k), before its activation -> [B, S, H].
+
+    Applied in the equivalent form q (Wq + Wd) + [k, q*k] [Wk - Wd; Wp]: the query's part
+    once per row. Over long sequences (S >= PER_ROW_MIN_STEPS) the keys' part is
+    k (Wk - Wd + diag(q) Wp): one [W, H] kernel per row, a batched matmul of width W instead
+    of 2W (half the multiply-adds, no [B, S, 2W] product); over short ones the per-row
+    kernels cost more than they save."""
+    wq, wk, wd, wp = tf.split(tf.cast(kernel, compute_dtype), 4, axis=0)
+    per_row = tf.nn.bias_add(tf.matmul(query, wq + wd), tf.cast(bias, compute_dtype))
+    if (keys.shape[1] or 0) >= PER_ROW_MIN_STEPS:
+        row_kernels = (wk - wd)[None] + query[:, :, None] * wp[None]  # [B, W, H]
+        per_step = tf.matmul(keys, row_kernels)
+    else:
+        per_step = matmul_last_axis(tf.concat([keys, query[:, None, :] * keys], -1),
+                                    tf.concat([wk - wd, wp], 0))
+    return per_row[:, None, :] + per_step
+
+
+def prelu(x, alpha):
+    """max(x, 0) + alpha min(x, 0), alpha per unit (Keras's PReLU without shared axes)."""
+    return tf.nn.relu(x) - tf.cast(alpha, x.dtype) * tf.nn.relu(-x)
+
+
+class ClassifierMLP(tf.Module):
+    """NVIDIA's CTRClassificationMLP: for each width, Dense then the activation (PReLU with
+    a learned per-unit slope started at 0.1, or sigmoid for DIEN's auxiliary network), then
+    a linear Dense to one logit. Kernels glorot-uniform and biases 0, as Keras's Dense.
+    Dropout (when given) sits between the last hidden layer and the scorer, as NVIDIA's."""
+
+    def __init__(self, input_width: int, widths, activation: str, seed: int, key: int,
+                 name: str):
+        super().__init__(name=name)
+        self.activation, self.layers = activation, []
+        with self.name_scope:
+            for i, width in enumerate(tuple(widths) + (1,)):
+                hidden = i < len(widths)
+                self.layers.append({
+                    "kernel": tf.Variable(glorot_uniform(input_width, width, seed, key + i),
+                                          name=f"kernel_{i}"),
+                    "bias": tf.Variable(tf.zeros([width]), name=f"bias_{i}"),
+                    **({"alpha": tf.Variable(tf.fill([width], PRELU_INITIAL_SLOPE),
+                                             name=f"alpha_{i}")}
+                       if hidden and activation == "prelu" else {})})
+                input_width = width
+
+    def named_variables(self, prefix: str) -> dict:
+        return {f"{prefix}/{i}/{k}": v for i, layer in enumerate(self.layers)
+                for k, v in layer.items()}
+
+    def activate(self, i: int, x):
+        """Layer i's activation of its pre-activation x."""
+        if self.activation == "sigmoid":
+            return tf.sigmoid(x)
+        return prelu(x, self.layers[i]["alpha"])
+
+    def __call__(self, x, compute_dtype=tf.float32, dropout=None, start: int = 0):
+        """x [N, width] -> logits [N, 1]. dropout: (rate, stateless seed) or None.
+        start=1: x is already layer 0's activated output."""
+        for i, layer in enumerate(self.layers[start:], start):
+            if i == len(self.layers) - 1 and dropout is not None:
+                x = tf.nn.experimental.stateless_dropout(x, dropout[0], dropout[1])
+            x = tf.nn.bias_add(tf.matmul(x, tf.cast(layer["kernel"], compute_dtype)),
+                               tf.cast(layer["bias"], compute_dtype))
+            if i < len(self.layers) - 1:
+                x = self.activate(i, x)
+        return x
+
+
+class TargetAdaptedAttention(tf.Module):
+    """NVIDIA's DIENAttentionUnit: the target is first adapted to the states' width,
+    q' = PReLU(q Wa + ba); score(q', h) = a sigmoid MLP (attention_mlp_dims) on
+    [q', h, q' - h, q' * h], then a linear Dense -> [B, S]."""
+
+    def __init__(self, item_width: int, state_width: int, widths, seed: int, key: int,
+                 name: str):
+        super().__init__(name=name)
+        with self.name_scope:
+            self.adapt_kernel = tf.Variable(glorot_uniform(item_width, state_width, seed, key),
+                                            name="adapt_kernel")
+            self.adapt_bias = tf.Variable(tf.zeros([state_width]), name="adapt_bias")
+            self.adapt_alpha = tf.Variable(tf.fill([state_width], PRELU_INITIAL_SLOPE),
+                                           name="adapt_alpha")
+            self.kernel = tf.Variable(glorot_uniform(4 * state_width, widths[0], seed, key + 1),
+                                      name="kernel")
+            self.bias = tf.Variable(tf.zeros([widths[0]]), name="bias")
+            self.rest = ClassifierMLP(widths[0], widths[1:], "sigmoid", seed, key + 2, "rest")
+
+    def named_variables(self, prefix: str) -> dict:
+        return {f"{prefix}/adapt_kernel": self.adapt_kernel,
+                f"{prefix}/adapt_bias": self.adapt_bias,
+                f"{prefix}/adapt_alpha": self.adapt_alpha, f"{prefix}/kernel": self.kernel,
+                f"{prefix}/bias": self.bias, **self.rest.named_variables(f"{prefix}/rest")}
+
+    def __call__(self, query, keys, compute_dtype):
+        adapted = prelu(tf.nn.bias_add(tf.matmul(query, tf.cast(self.adapt_kernel,
+                                                                compute_dtype)),
+                                       tf.cast(self.adapt_bias, compute_dtype)),
+                        self.adapt_alpha)
+        hidden = tf.sigmoid(pair_layer(adapted, keys, self.kernel, self.bias, compute_dtype))
         return tf.squeeze(apply_mlp(self.rest, hidden, compute_dtype), axis=-1)
 
 
@@ -61,13 +173,14 @@ def dot_product(query, keys, compute_dtype=None):
     return tf.reduce_sum(query[:, None, :] * keys, axis=-1)
 
 
-def masked_softmax(scores, mask):
-    """Softmax over the valid steps; padding gets exactly 0. Padding scores become the
-    dtype's lowest finite value, as NVIDIA's (a fixed -1e9 is -inf in float16): a row of
-    padding only then has a finite softmax, zeroed by the mask, rather than NaN."""
+def masked_softmax(scores, mask, zero_padding: bool = True):
+    """Softmax over the valid steps. Padding scores become the dtype's lowest finite value,
+    as NVIDIA's (a fixed -1e9 is -inf in float16), so padding gets 0 wherever a row has a
+    behaviour. A row of padding only gets 0 everywhere (zero_padding) or NVIDIA's uniform
+    1/S (which its DIEN attention hands to the AUGRU)."""
     weights = tf.nn.softmax(tf.where(mask > 0, scores,
                                      tf.constant(scores.dtype.min, scores.dtype)))
-    return weights * mask
+    return weights * mask if zero_padding else weights
 
 
 def attention_pool(unit, query, keys, mask, compute_dtype, normalize: bool = False):
@@ -158,6 +271,187 @@ class GRU(tf.Module):
         return tf.transpose(states, [1, 0, 2])
 
 
+class ResetAfterGRU(tf.Module):
+    """Keras's GRU as NVIDIA's interest extractor builds it (reset_after=True, kernel
+    glorot-uniform, recurrent kernel orthogonal, input and recurrent biases [2, 3H] at 0),
+    gate columns z, r, n:
+        z = s(x Wz + bz + h Uz + b'z),  r = s(x Wr + br + h Ur + b'r)
+        n = tanh(x Wn + bn + r * (h Un + b'n)),  h' = z h + (1 - z) n
+    over every step from h = 0, padding included (no mask: the reference feeds it zero
+    vectors there). The input projections of all steps are one matmul; the recurrence is
+    gru_states (unrolled, gradient by hand)."""
+
+    def __init__(self, input_width: int, units: int, seed: int, key: int, name: str):
+        super().__init__(name=name)
+        self.units = units
+        with self.name_scope:
+            self.kernel = tf.Variable(glorot_uniform(input_width, 3 * units, seed, key),
+                                      name="kernel")
+            self.recurrent = tf.Variable(orthogonal_columns(units, 3, seed, key + 1),
+                                         name="recurrent_kernel")
+            self.bias = tf.Variable(tf.zeros([2, 3 * units]), name="bias")
+
+    def named_variables(self, prefix: str) -> dict:
+        return {f"{prefix}/kernel": self.kernel, f"{prefix}/recurrent_kernel": self.recurrent,
+                f"{prefix}/bias": self.bias}
+
+    def __call__(self, inputs, compute_dtype):
+        """inputs [B, S, D] -> the state after each step [B, S, units]."""
+        bias = tf.cast(self.bias, compute_dtype)
+        projected = tf.nn.bias_add(matmul_last_axis(inputs, tf.cast(self.kernel, compute_dtype)),
+                                   bias[0])
+        return gru_states(projected, tf.cast(self.recurrent, compute_dtype), bias[1])
+
+
+def gru_states(projected, recurrent, recurrent_bias):
+    """ResetAfterGRU's recurrence over projected [B, S, 3H] (x W + b of every step) ->
+    states [B, S, H], unrolled over the static steps (no while loop), with its gradient
+    written by hand: autodiff of the unrolled cell costs about twice the ops per step, and a
+    matmul per step for the recurrent kernel's gradient, here one over all steps. Backward,
+    with dh the state's gradient:
+        d n_pre = dh (1 - z)(1 - n^2),   d [z, r]_pre = [dh (h_prev - n), d n_pre hu_n] z'
+        (z' = s (1 - s)),   d hu = [d [z, r]_pre, r d n_pre],   dh_prev = z dh + d hu U^T."""
+    units = recurrent.shape[0]
+
+    @tf.custom_gradient
+    def run(projected, recurrent, recurrent_bias):
+        x_zr, x_n = (tf.unstack(x, axis=1)
+                     for x in tf.split(projected, [2 * units, units], axis=2))
+        h = tf.zeros_like(x_n[0])
+        saved = {"h_prev": [], "zr": [], "n": [], "hu_n": []}
+        for t in range(len(x_n)):
+            hu_zr, hu_n = tf.split(tf.nn.bias_add(tf.matmul(h, recurrent), recurrent_bias),
+                                   [2 * units, units], axis=1)
+            zr = tf.sigmoid(x_zr[t] + hu_zr)
+            z, r = tf.split(zr, 2, axis=1)
+            n = tf.tanh(x_n[t] + r * hu_n)
+            for name, value in (("h_prev", h), ("zr", zr), ("n", n), ("hu_n", hu_n)):
+                saved[name].append(value)
+            h = n + z * (h - n)
+        h_prev, zr, n, hu_n = (tf.stack(saved[k]) for k in ("h_prev", "zr", "n", "hu_n"))
+        states = tf.concat([h_prev[1:], h[None]], 0)  # [S, B, H]
+
+        def grad(d_states):
+            z, r = tf.split(zr, 2, axis=2)
+            # the per-step factors of all steps at once: big ops outside the loop
+            n_pre_factor = tf.unstack((1 - z) * (1 - n * n))
+            zr_factor = tf.unstack(tf.concat([h_prev - n, hu_n], 2) * zr * (1 - zr))
+            z, r = tf.unstack(z), tf.unstack(r)
+            d_out = tf.unstack(tf.transpose(d_states, [1, 0, 2]))
+            recurrent_t = tf.transpose(recurrent)
+            dh, d_x, d_hu = tf.zeros_like(d_out[0]), [], []
+            for t in reversed(range(len(d_out))):
+                dh += d_out[t]
+                d_n_pre = dh * n_pre_factor[t]
+                d_zr_pre = tf.concat([dh, d_n_pre], 1) * zr_factor[t]
+                d_x.append(tf.concat([d_zr_pre, d_n_pre], 1))
+                d_hu.append(tf.concat([d_zr_pre, d_n_pre * r[t]], 1))
+                if t:  # h_0 = 0 is no variable
+                    dh = dh * z[t] + tf.matmul(d_hu[-1], recurrent_t)
+            d_hu = tf.stack(d_hu[::-1])
+            d_recurrent = tf.matmul(tf.reshape(h_prev, [-1, units]),
+                                    tf.reshape(d_hu, [-1, 3 * units]), transpose_a=True)
+            return tf.stack(d_x[::-1], 1), d_recurrent, tf.reduce_sum(d_hu, [0, 1])
+        return tf.transpose(states, [1, 0, 2]), grad
+    return run(projected, recurrent, recurrent_bias)
+
+
+class AUGRU(tf.Module):
+    """NVIDIA's interest evolution (VecAttGRUCell in a Keras RNN): with a the attention
+    weight of the step,
+        [r, u] = s([x, h] Wg + bg)   (bg starts at 1),   c = tanh([x, r * h] Wc + bc)
+        u' = (1 - a) u,   h' = u' h + (1 - u') c
+    over every step from h = 0; returns the last state. The kernels' rows for x apply to all
+    steps in one matmul outside the loop; the recurrence is augru_last_state."""
+
+    def __init__(self, input_width: int, units: int, seed: int, key: int, name: str):
+        super().__init__(name=name)
+        self.input_width, self.units = input_width, units
+        with self.name_scope:
+            self.gate_kernel = tf.Variable(glorot_uniform(input_width + units, 2 * units, seed,
+                                                          key), name="gate_kernel")
+            self.gate_bias = tf.Variable(tf.ones([2 * units]), name="gate_bias")
+            self.candidate_kernel = tf.Variable(glorot_uniform(input_width + units, units,
+                                                               seed, key + 1),
+                                                name="candidate_kernel")
+            self.candidate_bias = tf.Variable(tf.zeros([units]), name="candidate_bias")
+
+    def named_variables(self, prefix: str) -> dict:
+        return {f"{prefix}/gate_kernel": self.gate_kernel,
+                f"{prefix}/gate_bias": self.gate_bias,
+                f"{prefix}/candidate_kernel": self.candidate_kernel,
+                f"{prefix}/candidate_bias": self.candidate_bias}
+
+    def __call__(self, inputs, attention, compute_dtype):
+        """inputs [B, S, D], attention [B, S] -> the last state [B, units]."""
+        d = self.input_width
+        gate = tf.cast(self.gate_kernel, compute_dtype)
+        candidate = tf.cast(self.candidate_kernel, compute_dtype)
+        projected = tf.nn.bias_add(
+            matmul_last_axis(inputs, tf.concat([gate[:d], candidate[:d]], 1)),
+            tf.cast(tf.concat([self.gate_bias, self.candidate_bias], 0), compute_dtype))
+        return augru_last_state(projected, 1 - tf.cast(attention, compute_dtype), gate[d:],
+                                candidate[d:])
+
+
+def augru_last_state(projected, keep, gate_kernel, candidate_kernel):
+    """AUGRU's recurrence over projected [B, S, 3H] ([x Wg + bg, x Wc + bc] of every step),
+    keep = 1 - attention [B, S] -> the last state [B, H]; unrolled, gradient by hand as
+    gru_states'. With k u the attended update gate and dh the state's gradient:
+        d c_pre = dh (1 - k u)(1 - c^2),   d(r h) = d c_pre Wc_h^T,   d(k u) = dh (h_prev - c)
+        d [r, u]_pre = [d(r h) h_prev, k d(k u)] g',   d k = sum(u d(k u))
+        dh_prev = k u dh + r d(r h) + d [r, u]_pre Wg_h^T."""
+    units = candidate_kernel.shape[0]
+
+    @tf.custom_gradient
+    def run(projected, keep, gate_kernel, candidate_kernel):
+        x_g, x_c = (tf.unstack(x, axis=1)
+                    for x in tf.split(projected, [2 * units, units], axis=2))
+        keeps = tf.unstack(keep[:, :, None], axis=1)
+        h = tf.zeros_like(x_c[0])
+        saved = {"h_prev": [], "g": [], "rh": [], "c": []}
+        for t in range(len(x_c)):
+            g = tf.sigmoid(x_g[t] + tf.matmul(h, gate_kernel))
+            r, u = tf.split(g, 2, axis=1)
+            rh = r * h
+            c = tf.tanh(x_c[t] + tf.matmul(rh, candidate_kernel))
+            for name, value in (("h_prev", h), ("g", g), ("rh", rh), ("c", c)):
+                saved[name].append(value)
+            h = c + keeps[t] * u * (h - c)
+        last = h
+
+        def grad(d_last):
+            h_prev, g, rh, c = (tf.stack(saved[k]) for k in ("h_prev", "g", "rh", "c"))
+            r, u = tf.split(g, 2, axis=2)
+            k = tf.transpose(keep)[:, :, None]
+            ku = k * u
+            c_pre_factor = tf.unstack((1 - ku) * (1 - c * c))
+            diff, gate_factor = tf.unstack(h_prev - c), tf.unstack(g * (1 - g))
+            h_prev_t, r, u, ku, k = (tf.unstack(x) for x in (h_prev, r, u, ku, k))
+            candidate_t, gate_t = tf.transpose(candidate_kernel), tf.transpose(gate_kernel)
+            dh, d_x, d_keep, d_g, d_c = d_last, [], [], [], []
+            for t in reversed(range(len(diff))):
+                d_c_pre = dh * c_pre_factor[t]
+                d_ku = dh * diff[t]
+                d_rh = tf.matmul(d_c_pre, candidate_t)
+                d_g_pre = tf.concat([d_rh * h_prev_t[t], d_ku * k[t]], 1) * gate_factor[t]
+                d_keep.append(tf.reduce_sum(d_ku * u[t], 1))
+                d_x.append(tf.concat([d_g_pre, d_c_pre], 1))
+                d_g.append(d_g_pre)
+                d_c.append(d_c_pre)
+                if t:  # h_0 = 0 is no variable
+                    dh = dh * ku[t] + d_rh * r[t] + tf.matmul(d_g_pre, gate_t)
+            d_gate = tf.matmul(tf.reshape(h_prev, [-1, units]),
+                               tf.reshape(tf.stack(d_g[::-1]), [-1, 2 * units]),
+                               transpose_a=True)
+            d_candidate = tf.matmul(tf.reshape(rh, [-1, units]),
+                                    tf.reshape(tf.stack(d_c[::-1]), [-1, units]),
+                                    transpose_a=True)
+            return (tf.stack(d_x[::-1], 1), tf.stack(d_keep[::-1], 1), d_gate, d_candidate)
+        return last, grad
+    return run(projected, keep, gate_kernel, candidate_kernel)
+
+
 def gather_rows(params, indices):
     """tf.gather(params, indices) along axis 0, whose gradient is params' shape, dense: one
     segment sum of the positions' gradients, where autodiff would hand a list of every
@@ -193,6 +487,31 @@ def auxiliary_loss(aux_mlp: MLP, states, positive_next, negative_next, mask, com
         tf.cast(neg, tf.float32))
     pairs = tf.reduce_sum(pair_mask, axis=1)
     return tf.reduce_sum(pair_loss * pair_mask, axis=1) / tf.maximum(pairs, 1.0)
+
+
+def reference_auxiliary_loss(aux_mlp: ClassifierMLP, states, positive, negative, mask,
+                             compute_dtype, dropout=None):
+    """NVIDIA's DIEN auxiliary loss per row (its batch mean is NVIDIA's reduce_mean):
+        sum_t m_{t+1} (-log(p+_t) - log(1 - p-_t)) / (S - 1),  t = 1 .. S-1
+    with p = s(aux([h_t, e_{t+1}])) + 1e-6 for the positive and the negative behaviour t+1
+    and m the mask of step t+1 only. The first layer's share of h_t is computed once for
+    both, and both then go through the rest of the network as one batch. Where NVIDIA's
+    1 - p- is <= 0 (NaN) the log is floored at 1e-6. dropout: as ClassifierMLP's.
+    Returns [B] float32."""
+    width = states.shape[-1]
+    first = aux_mlp.layers[0]
+    kernel = tf.cast(first["kernel"], compute_dtype)
+    from_states = tf.nn.bias_add(matmul_last_axis(states[:, :-1], kernel[:width]),
+                                 tf.cast(first["bias"], compute_dtype))
+    hidden = [aux_mlp.activate(0, from_states + matmul_last_axis(e[:, 1:], kernel[width:]))
+              for e in (positive, negative)]
+    flat = tf.reshape(tf.concat(hidden, 0), [-1, hidden[0].shape[-1]])
+    logits = tf.reshape(tf.cast(aux_mlp(flat, compute_dtype, dropout, start=1), tf.float32),
+                        [2, tf.shape(states)[0], -1])
+    click = -tf.math.log(tf.sigmoid(logits[0]) + AUX_EPS)
+    no_click = -tf.math.log(tf.maximum(tf.sigmoid(-logits[1]) - AUX_EPS, AUX_EPS))
+    steps = tf.cast(tf.shape(states)[1] - 1, tf.float32)
+    return tf.reduce_sum((click + no_click) * tf.cast(mask[:, 1:], tf.float32), 1) / steps
 
 
 def top_k_selection(weights, k: int):

@@ -48,7 +48,11 @@ flags.DEFINE_float("divergence_factor", DEFAULT_DIVERGENCE_FACTOR, "A loss above
 flags.DEFINE_enum("optimizer", "adam", ["adam", "lazy_adam", "sgd"], "adam (lazy rows for "
                   "tables; lazy_adam: the same) or sgd")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (adam)")
-flags.DEFINE_float("dropout_rate", -1.0, "Dropout on the stage-two MLP input; -1: off")
+flags.DEFINE_enum("table_updates", "lazy", ["lazy", "dense"], "lazy: the optimizer updates "
+                  "the table rows a batch looks up (moments included); dense: every row each "
+                  "step, as the reference's AdamW on dense table gradients (slower)")
+flags.DEFINE_float("dropout_rate", -1.0, "Dropout before the scorer of every MLP (reference; "
+                   "compact: on the stage-two MLP input); -1: off")
 flags.DEFINE_bool("amp", False, "bfloat16 (CPU) / float16 (GPU) compute; tables stay float32")
 flags.DEFINE_bool("xla", False, "JIT-compile everything after the lookups with XLA")
 flags.DEFINE_bool("drop_remainder", False, "Drop the last partial training batch")
@@ -78,6 +82,11 @@ flags.DEFINE_integer("embedding_dim", 16, "Width of every embedding table", lowe
 flags.DEFINE_enum("item_item_interaction", "dot", ["dot", "activation_unit"],
                   "Attention scores of DIN, SIM's GSU and ESU: dot (NVIDIA's: target . "
                   "behaviour) or activation_unit (this toolkit's earlier MLP scorer)")
+flags.DEFINE_enum("architecture", "reference", ["reference", "compact"],
+                  "reference: NVIDIA's model layer by layer (PReLU MLPs, GRU/AUGRU 6 x "
+                  "--embedding_dim wide, DIEN attention with target adaptation); compact: "
+                  "this toolkit's earlier model (ReLU, item-wide GRU/AUGRU, target * pooled "
+                  "inputs). See sim/README.md")
 flags.DEFINE_list("stage_one_mlp_dims", ["200"], "GSU head widths (and the GSU scorer's with "
                   "--item_item_interaction activation_unit)")
 flags.DEFINE_list("stage_two_mlp_dims", ["200", "80"], "Final MLP widths (then 1 logit)")
@@ -127,10 +136,11 @@ def build(spec, comm):
                        stage_two_mlp_dims=_ints(F.stage_two_mlp_dims),
                        aux_mlp_dims=_ints(F.aux_mlp_dims), gsu_top_k=F.gsu_top_k,
                        dropout_rate=F.dropout_rate, seed=F.seed,
-                       item_item_interaction=F.item_item_interaction)
+                       item_item_interaction=F.item_item_interaction,
+                       architecture=F.architecture)
     optimizer = "adam" if F.optimizer == "lazy_adam" else F.optimizer
     trainer = SimTrainer(SimModel(config), comm, optimizer, F.lr, F.weight_decay, F.amp,
-                         F.xla, F.seed, F.divergence_factor)
+                         F.xla, F.seed, F.divergence_factor, F.table_updates)
     comm.broadcast_variables(list(trainer.variables().values()))
     return trainer
 
@@ -172,7 +182,9 @@ def run(spec, comm, logger):
         position = checkpoint.restore_replica(
             F.load_checkpoint_path, trainer.variables(), trainer.named_state(),
             trainer.model.config.checkpoint_shape(), trainer.optimizer,
-            model_defaults={"item_item_interaction": "activation_unit"})  # older checkpoints
+            # fields older checkpoints lack
+            model_defaults={"item_item_interaction": "activation_unit",
+                            "architecture": "compact"})
     train, test = pipelines(spec, comm)
     if F.mode == "inference":
         loop.log_result(logger, "inference", loop.benchmark_inference(

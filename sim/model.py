@@ -21,6 +21,19 @@ reference's DINModel argument of that name:
         DIN pools with the raw scores, the GSU scorer has stage_one_mlp_dims widths, the ESU
         has no masked mean), kept for its checkpoints and results.
 
+architecture picks the layers after the lookups:
+  reference (default): NVIDIA's, layer by layer. PReLU classifiers (slope per unit, 0.1 at
+        start) on [target, pooled, user] (DIN), [target, h'_T, user] (DIEN), stage one
+        [target, GSU pool, user] and stage two [ESU pool, selection mean, target, h'_T,
+        user] (SIM); Keras's GRU (reset after the recurrent matmul) and NVIDIA's AUGRU cell,
+        6 x embedding_dim wide, over the short part with its padding zeroed; DIEN's
+        attention adapts the target by Dense + PReLU and scores with sigmoid layers; the
+        auxiliary network has sigmoid layers and NVIDIA's loss; SIM's loss averages the
+        two stages'.
+  compact: this toolkit's earlier model: ReLU MLPs with target * pooled inputs, GRU/AUGRU as
+        wide as an item that skip padding steps, the activation unit for DIEN's attention,
+        SIM's loss the sum of both stages'.
+
 An item (target or behaviour) is the concatenation of its features' embeddings (item id,
 category id, ...); feature i of the target and of both histories shares table i, of
 cardinality + 1 rows (ids 1..cardinality, row 0 the padding).
@@ -38,6 +51,8 @@ from sim import blocks
 
 MODEL_TYPES = ("sim", "dien", "din")
 ITEM_INTERACTIONS = ("dot", "activation_unit")
+ARCHITECTURES = ("reference", "compact")
+STATE_WIDTH_PER_EMBEDDING = 6  # NVIDIA's GRU/AUGRU width: 6 x embedding_dim
 
 
 class SimConfigError(ValueError):
@@ -60,18 +75,37 @@ class SimConfig:
     dropout_rate: float = -1.0
     seed: int = 0
     item_item_interaction: str = "dot"
+    architecture: str = "reference"
 
     @property
     def dot(self) -> bool:
         return self.item_item_interaction == "dot"
 
     @property
+    def reference(self) -> bool:
+        return self.architecture == "reference"
+
+    @property
+    def item_width(self) -> int:
+        return self.embedding_dim * len(self.item_cardinalities)
+
+    @property
+    def user_width(self) -> int:
+        return self.embedding_dim * len(self.user_cardinalities)
+
+    @property
+    def state_width(self) -> int:
+        """GRU/AUGRU width: NVIDIA's 6 x embedding_dim, or an item's (compact)."""
+        return (STATE_WIDTH_PER_EMBEDDING * self.embedding_dim if self.reference
+                else self.item_width)
+
+    @property
     def short_length(self) -> int:
         return self.history_length - self.long_seq_length
 
     def checkpoint_shape(self) -> dict:
-        """The fields that decide the variables (a checkpoint records them); DIEN's attention
-        does not depend on item_item_interaction."""
+        """The fields that decide the variables, architecture included (a checkpoint records
+        them); DIEN's attention does not depend on item_item_interaction."""
         ignored = ("seed", "dropout_rate") + (("item_item_interaction",)
                                               if self.model_type == "dien" else ())
         return {k: (list(v) if isinstance(v, tuple) else v)
@@ -81,6 +115,9 @@ class SimConfig:
         if self.model_type not in MODEL_TYPES:
             raise SimConfigError(f"--model_type must be one of {MODEL_TYPES}, found "
                                  f"'{self.model_type}'")
+        if self.architecture not in ARCHITECTURES:
+            raise SimConfigError(f"--architecture must be one of {ARCHITECTURES}, found "
+                                 f"'{self.architecture}'")
         if self.item_item_interaction not in ITEM_INTERACTIONS:
             raise SimConfigError(f"--item_item_interaction must be one of {ITEM_INTERACTIONS}, "
                                  f"found '{self.item_item_interaction}'")
@@ -105,45 +142,82 @@ class SimModel(tf.Module):
     def __init__(self, config: SimConfig, name="sim_model"):
         super().__init__(name=name)
         self.config = c = config.validate()
-        dim, seed = c.embedding_dim, c.seed
-        item_width = dim * len(c.item_cardinalities)
+        self._dense = {}  # checkpoint prefix -> block, in creation order
         with self.name_scope:
             self.user_tables = [self._table(n + 1, t, f"user_table_{t}")
                                 for t, n in enumerate(c.user_cardinalities)]
             self.item_tables = [self._table(n + 1, 100 + t, f"item_table_{t}")
                                 for t, n in enumerate(c.item_cardinalities)]
-            if self._short_attention():
-                # DIEN/SIM: over the short part; DIN: over the whole history (name kept for
-                # checkpoints)
-                self.short_attention = blocks.AttentionUnit(item_width, c.attention_mlp_dims,
-                                                            seed, 1000, "short_attention")
+            if c.model_type == "din" and not c.dot:
+                # name kept for checkpoints: DIN's scorer over the whole history
+                self._add("short_attention", "short_attention",
+                          self._activation_unit(1000, "short_attention"))
             if c.model_type != "din":
-                self.gru = blocks.GRU(item_width, item_width, seed, 1100, "interest_extractor")
-                self.augru = blocks.GRU(item_width, item_width, seed, 1200,
-                                        "interest_evolution")
-                self.aux_mlp = MLP(2 * item_width, tuple(c.aux_mlp_dims) + (1,), False, seed,
-                                   1300, "aux_mlp")
-            user_width = dim * len(c.user_cardinalities)
+                self._build_dien()
             if c.model_type == "sim" and not c.dot:
-                self.gsu_scorer = blocks.AttentionUnit(item_width, c.stage_one_mlp_dims, seed,
-                                                       1400, "gsu_scorer")
-                self.long_attention = blocks.AttentionUnit(item_width, c.attention_mlp_dims,
-                                                           seed, 1600, "long_attention")
+                self._add("gsu_scorer", "gsu_scorer", blocks.AttentionUnit(
+                    c.item_width, c.stage_one_mlp_dims, c.seed, 1400, "gsu_scorer"))
+                self._add("long_attention", "long_attention",
+                          self._activation_unit(1600, "long_attention"))
             if c.model_type == "sim":
-                self.gsu_head = MLP(user_width + 3 * item_width,
-                                    tuple(c.stage_one_mlp_dims) + (1,), False, seed, 1500,
-                                    "gsu_head")
-            pooled = {"din": 1, "dien": 1, "sim": 2}[c.model_type]
-            selection_mean = c.model_type == "sim" and c.dot
-            self.top_mlp = MLP(user_width + item_width + (2 * pooled + selection_mean)
-                               * item_width,
-                               tuple(c.stage_two_mlp_dims) + (1,), False, seed, 1700,
-                               "stage_two_mlp")
+                self._add("gsu_head", "gsu_head", self._classifier(
+                    self._stage_one_width(), c.stage_one_mlp_dims, 1500, "gsu_head"))
+            self._add("top_mlp", "stage_two_mlp", self._classifier(
+                self._stage_two_width(), c.stage_two_mlp_dims, 1700, "stage_two_mlp"))
 
-    def _short_attention(self) -> bool:
-        """DIEN/SIM's attention over the short part is always the MLP (as the reference's
-        DIENAttentionUnit); DIN's is one only with activation_unit."""
-        return self.config.model_type != "din" or not self.config.dot
+    def _add(self, attribute: str, prefix: str, block):
+        setattr(self, attribute, block)
+        self._dense[prefix] = block
+
+    def _activation_unit(self, key: int, name: str):
+        c = self.config
+        return blocks.AttentionUnit(c.item_width, c.attention_mlp_dims, c.seed, key, name)
+
+    def _build_dien(self):
+        """DIEN's attention over the short part, GRU, AUGRU and auxiliary network."""
+        c = self.config
+        item, state = c.item_width, c.state_width
+        if c.reference:
+            self._add("short_attention", "short_attention", blocks.TargetAdaptedAttention(
+                item, state, c.attention_mlp_dims, c.seed, 1000, "short_attention"))
+            self._add("gru", "interest_extractor", blocks.ResetAfterGRU(
+                item, state, c.seed, 1100, "interest_extractor"))
+            self._add("augru", "interest_evolution", blocks.AUGRU(
+                state, state, c.seed, 1200, "interest_evolution"))
+            self._add("aux_mlp", "aux_mlp", blocks.ClassifierMLP(
+                state + item, c.aux_mlp_dims, "sigmoid", c.seed, 1300, "aux_mlp"))
+            return
+        self._add("short_attention", "short_attention",
+                          self._activation_unit(1000, "short_attention"))
+        self._add("gru", "interest_extractor", blocks.GRU(item, item, c.seed, 1100,
+                                                          "interest_extractor"))
+        self._add("augru", "interest_evolution", blocks.GRU(item, item, c.seed, 1200,
+                                                            "interest_evolution"))
+        self._add("aux_mlp", "aux_mlp", MLP(2 * item, tuple(c.aux_mlp_dims) + (1,), False,
+                                            c.seed, 1300, "aux_mlp"))
+
+    def _classifier(self, input_width: int, widths, key: int, name: str):
+        """reference: NVIDIA's PReLU classifier; compact: the core's ReLU MLP."""
+        c = self.config
+        if c.reference:
+            return blocks.ClassifierMLP(input_width, widths, "prelu", c.seed, key, name)
+        return MLP(input_width, tuple(widths) + (1,), False, c.seed, key, name)
+
+    def _stage_one_width(self) -> int:
+        c = self.config
+        # reference: [target, GSU pool, user]; compact adds target * GSU pool
+        return c.user_width + (2 if c.reference else 3) * c.item_width
+
+    def _stage_two_width(self) -> int:
+        c = self.config
+        interest = c.item_width if c.model_type == "din" else c.state_width
+        search = (1 + c.dot) * c.item_width if c.model_type == "sim" else 0
+        if c.reference:  # [ESU pool, selection mean (dot)] + [target, interest, user]
+            return search + c.item_width + interest + c.user_width
+        # compact: [user, target] + pooled + target * pooled (+ the selection mean)
+        pooled = 1 + (c.model_type == "sim")
+        return c.user_width + c.item_width + 2 * pooled * c.item_width + (
+            c.item_width if c.model_type == "sim" and c.dot else 0)
 
     def _table(self, rows: int, key: int, name: str):
         return table_variable(rows, self.config.embedding_dim, self.config.seed, key, name=name)
@@ -155,19 +229,9 @@ class SimModel(tf.Module):
 
     def dense_variables(self) -> dict:
         """Every non-table variable by checkpoint name."""
-        c = self.config
-        out = (self.short_attention.named_variables("short_attention")
-               if self._short_attention() else {})
-        if c.model_type != "din":
-            out.update(self.gru.named_variables("interest_extractor"))
-            out.update(self.augru.named_variables("interest_evolution"))
-            out.update(self.aux_mlp.named_variables("aux_mlp"))
-        if c.model_type == "sim" and not c.dot:
-            out.update(self.gsu_scorer.named_variables("gsu_scorer"))
-            out.update(self.long_attention.named_variables("long_attention"))
-        if c.model_type == "sim":
-            out.update(self.gsu_head.named_variables("gsu_head"))
-        out.update(self.top_mlp.named_variables("stage_two_mlp"))
+        out = {}
+        for prefix, block in self._dense.items():
+            out.update(block.named_variables(prefix))
         return out
 
     # ---- lookups: ids -> embedded tensors (the part whose gradients are sparse) ----
@@ -255,28 +319,46 @@ class SimModel(tf.Module):
         dropout_seed: a stateless seed [2] while training (None: no dropout)."""
         c = self.config
         e = {k: tf.cast(v, compute_dtype) for k, v in embedded.items()}
+        if c.reference:  # NVIDIA zeroes the padding's embeddings before its GRU and aux net
+            for part in ("short", "short_negative"):
+                if part in e:
+                    e[part] = e[part] * e["short_mask"][:, :, None]
         user, target = e["user"], e["target"]
-        pooled, extra, gsu_logit, aux = [], [], None, None
+        search, gsu_logit, aux = [], None, None
         if c.model_type == "din":
             unit = blocks.dot_product if c.dot else self.short_attention
-            history, _ = blocks.attention_pool(unit, target, e["history"], e["history_mask"],
-                                               compute_dtype, normalize=c.dot)
-            pooled.append(history)
+            interest, _ = blocks.attention_pool(unit, target, e["history"],
+                                                e["history_mask"], compute_dtype,
+                                                normalize=c.dot)
         else:
-            interest, aux = self._dien(e, compute_dtype)
-            pooled.append(interest)
+            interest, aux = self._dien(e, compute_dtype, self._dropout(dropout_seed, 2))
         if c.model_type == "sim":
-            long_pooled, selection_mean, gsu_logit = self._search(e, compute_dtype)
-            pooled.append(long_pooled)
-            extra = [selection_mean] if c.dot else []
-        features = [user, target] + pooled + [target * p for p in pooled] + extra
-        x = tf.concat(features, axis=-1)
-        if dropout_seed is not None and c.dropout_rate > 0:
-            x = tf.nn.experimental.stateless_dropout(x, c.dropout_rate, dropout_seed)
-        logit = tf.squeeze(self.top_mlp(x, compute_dtype), -1)
-        return tf.cast(logit, tf.float32), gsu_logit, aux
+            esu, selection_mean, gsu_logit = self._search(e, compute_dtype,
+                                                          self._dropout(dropout_seed, 1))
+            search = [esu] + ([selection_mean] if c.dot else [])
+        if c.reference:
+            x = tf.concat(search + [target, interest, user], -1)
+            logit = self.top_mlp(x, compute_dtype, self._dropout(dropout_seed, 0))
+        else:
+            pooled = [interest] + search[:1]
+            x = tf.concat([user, target] + pooled + [target * p for p in pooled] + search[1:],
+                          -1)
+            dropout = self._dropout(dropout_seed, 0)
+            if dropout is not None:  # compact: on the stage-two input
+                x = tf.nn.experimental.stateless_dropout(x, *dropout)
+            logit = self.top_mlp(x, compute_dtype)
+        return tf.cast(tf.squeeze(logit, -1), tf.float32), gsu_logit, aux
 
-    def _dien(self, e, compute_dtype):
+    def _dropout(self, seed, block: int):
+        """(rate, stateless seed) of one MLP's dropout at this step, or None (off)."""
+        if seed is None or self.config.dropout_rate <= 0:
+            return None
+        # the step is the seed's second half: blocks apart by 2**40 steps never meet
+        return self.config.dropout_rate, seed + tf.constant([0, block << 40], seed.dtype)
+
+    def _dien(self, e, compute_dtype, dropout=None):
+        if self.config.reference:
+            return self._dien_reference(e, compute_dtype, dropout)
         states = self.gru(e["short"], e["short_mask"], compute_dtype)
         aux = None if "short_negative" not in e else blocks.auxiliary_loss(
             self.aux_mlp, states, e["short"], e["short_negative"], e["short_mask"],
@@ -286,15 +368,32 @@ class SimModel(tf.Module):
         evolved = self.augru(states, e["short_mask"], compute_dtype, attention)
         return evolved[:, -1], aux
 
-    def _search(self, e, compute_dtype):
+    def _dien_reference(self, e, compute_dtype, dropout):
+        """NVIDIA's DIENItemSequenceInteractionBlock over the (zeroed-padding) short part and
+        its auxiliary loss: the attention's softmax hands a row without behaviours uniform
+        weights, as NVIDIA's."""
+        states = self.gru(e["short"], compute_dtype)
+        aux = None if "short_negative" not in e else blocks.reference_auxiliary_loss(
+            self.aux_mlp, states, e["short"], e["short_negative"], e["short_mask"],
+            compute_dtype, dropout)
+        scores = self.short_attention(e["target"], states, compute_dtype)
+        attention = blocks.masked_softmax(scores, e["short_mask"], zero_padding=False)
+        return self.augru(states, attention, compute_dtype), aux
+
+    def _search(self, e, compute_dtype, dropout=None):
         """-> (ESU's pooled selection, the selection's masked mean, GSU logit)."""
         c = self.config
         target, long, mask = e["target"], e["long"], e["long_mask"]
         gsu_pooled, weights = blocks.attention_pool(
             blocks.dot_product if c.dot else self.gsu_scorer, target, long, mask,
             compute_dtype, normalize=True)
-        head_in = tf.concat([e["user"], target, gsu_pooled, target * gsu_pooled], -1)
-        gsu_logit = tf.cast(tf.squeeze(self.gsu_head(head_in, compute_dtype), -1), tf.float32)
+        if c.reference:
+            gsu_logit = self.gsu_head(tf.concat([target, gsu_pooled, e["user"]], -1),
+                                      compute_dtype, dropout)
+        else:
+            gsu_logit = self.gsu_head(tf.concat([e["user"], target, gsu_pooled,
+                                                 target * gsu_pooled], -1), compute_dtype)
+        gsu_logit = tf.cast(tf.squeeze(gsu_logit, -1), tf.float32)
         k = min(c.gsu_top_k, c.long_seq_length)
         indices, selected_mask = blocks.top_k_selection(tf.stop_gradient(weights), k)
         selected = tf.gather(long, indices, batch_dims=1)

@@ -62,6 +62,8 @@ class SimTask:
         per_row = tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=logit)
         if gsu_logit is not None:
             per_row += tf.nn.sigmoid_cross_entropy_with_logits(labels=label, logits=gsu_logit)
+            if self.model.config.reference:  # NVIDIA's SIM loss: the two stages' mean
+                per_row *= 0.5
         if aux is not None:
             per_row += aux
         return mean_share(per_row, global_rows)
@@ -80,12 +82,31 @@ class SimTask:
         return batch[2]
 
 
+TABLE_UPDATES = ("lazy", "dense")
+
+
+def dense_table_updates(optimizer):
+    """The optimizer, its table updates made dense as the reference's (Horovod's tape hands
+    its AdamW dense table gradients): each row's gradient (0 where the batch has none) goes
+    through apply_dense, so every row's moments decay and every row moves each step."""
+    apply_dense = optimizer.apply_dense
+
+    def apply_sparse(var, grad, lr, distinct_rows=False):
+        apply_dense(var, tf.math.unsorted_segment_sum(grad.values, grad.indices,
+                                                      var.shape[0]), lr)
+    optimizer.apply_sparse = apply_sparse
+    return optimizer
+
+
 class SimTrainer(Trainer):
     def __init__(self, model, comm, optimizer="adam", lr=0.01, weight_decay=0.0, amp=False,
-                 xla=False, seed=0, divergence_factor=DEFAULT_DIVERGENCE_FACTOR):
+                 xla=False, seed=0, divergence_factor=DEFAULT_DIVERGENCE_FACTOR,
+                 table_updates="lazy"):
         self.model, self.lr = model, float(lr)
         self.dense, self.tables = model.dense_variables(), model.tables()
         self.optimizer = make_optimizer(optimizer, {**self.dense, **self.tables}, weight_decay)
+        if table_updates == "dense":
+            self.optimizer = dense_table_updates(self.optimizer)
         group = OptimizerGroup(self.optimizer, lambda step: self.lr,
                                tuple(self.dense.values()) + tuple(self.tables.values()))
         signature = (input_signature(model.config), tf.TensorSpec([None], tf.float32),

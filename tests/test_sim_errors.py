@@ -106,3 +106,23 @@ def test_checkpoint_of_the_other_item_item_interaction(dataset, tmp_path, capsys
     assert "item_item_interaction: checkpoint activation_unit, now dot" in line, line
     run_main(run + ["--model_type", "dien", "--results_dir", str(tmp_path / "c"),
                     "--load_checkpoint_path", str(tmp_path / "dien"), "--epochs", "2"])
+
+
+def test_checkpoint_of_the_other_architecture(dataset, tmp_path, capsys):
+    """A checkpoint records its architecture: loading a compact one into the default
+    (reference) model, or a reference one into --architecture compact, is one line naming
+    the field, both ways."""
+    small = ["--dataset_dir", dataset, "--stage_one_mlp_dims", "8", "--stage_two_mlp_dims",
+             "8", "--aux_mlp_dims", "8"]
+    run = ["--cpu", "--epochs", "1", "--global_batch_size", "32"] + small
+    for architecture in ("compact", "reference"):
+        run_main(run + ["--architecture", architecture, "--results_dir", str(tmp_path / "a"),
+                        "--save_checkpoint_path", str(tmp_path / architecture)])
+    line = one_line_error(capsys, small + ["--results_dir", str(tmp_path / "b"),
+                                           "--load_checkpoint_path", str(tmp_path / "compact")])
+    assert "architecture: checkpoint compact, now reference" in line, line
+    line = one_line_error(capsys, small + ["--results_dir", str(tmp_path / "b"),
+                                           "--architecture", "compact",
+                                           "--load_checkpoint_path",
+                                           str(tmp_path / "reference")])
+    assert "architecture: checkpoint reference, now compact" in line, line

@@ -142,9 +142,38 @@ def test_attention_over_long_sequences_uses_per_row_kernels_with_the_same_scores
     from test_sim_layers import np_scores
     rng = np.random.default_rng(5)
     B, W = 3, 4
-    S = blocks.AttentionUnit.PER_ROW_MIN_STEPS + 3
+    S = blocks.PER_ROW_MIN_STEPS + 3
     unit = blocks.AttentionUnit(W, (6, 5), seed=1, key=0, name="long_att")
     q = rng.normal(size=(B, W)).astype(np.float32)
     keys = rng.normal(size=(B, S, W)).astype(np.float32)
     got = unit(tf.constant(q), tf.constant(keys), tf.float32).numpy()
     np.testing.assert_allclose(got, np_scores(unit, q, keys), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("table_updates", ["lazy", "dense"])
+def test_table_updates_lazy_or_dense(table_updates):
+    """lazy: a table row moves only in a step whose batch looks it up; dense (the
+    reference's): a row looked up at step 1 and not at step 2 moves at step 2 too (its
+    moments), and a row never looked up never moves (zero gradient, zero moments)."""
+    from core.parallel.comm import make_communicator
+    from sim.trainer import SimTrainer
+    model = SimModel(SimConfig((4,), (20, 3), 6, "din", long_seq_length=3, embedding_dim=2,
+                               stage_two_mlp_dims=(4,)))
+    trainer = SimTrainer(model, make_communicator(), table_updates=table_updates)
+
+    def batch(item):  # every row looks up item `item`, category 1, user 1
+        ids = lambda v, shape: tf.constant(np.full(shape, v), tf.int64)  # noqa: E731
+        inputs = {"user": [ids(1, [2])], "target": [ids(item, [2]), ids(1, [2])],
+                  "positive": [ids(item, [2, 6]), ids(1, [2, 6])],
+                  "negative": [ids(item, [2, 6]), ids(1, [2, 6])]}
+        return inputs, tf.constant([0.0, 1.0]), tf.constant(2)
+
+    table = model.item_tables[0]
+    trainer.train_step(batch(5), 0)
+    after_one = table.numpy().copy()
+    trainer.train_step(batch(7), 1)
+    after_two = table.numpy()
+    moved = not np.array_equal(after_two[5], after_one[5])
+    assert moved == (table_updates == "dense")
+    assert not np.array_equal(after_two[7], after_one[7])  # looked up at step 2
+    np.testing.assert_array_equal(after_two[9], after_one[9])  # never looked up

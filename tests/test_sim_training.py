@@ -81,12 +81,14 @@ def test_long_signal_needs_the_long_history(data, tmp_path):
     assert os.path.getsize(tmp_path / "sim" / "curves.png") > 0
 
 
-def test_fixed_seed_gives_identical_runs_and_resume_equals_uninterrupted(data, tmp_path):
+@pytest.mark.parametrize("architecture", ["reference", "compact"])
+def test_fixed_seed_gives_identical_runs_and_resume_equals_uninterrupted(data, tmp_path,
+                                                                          architecture):
     """Three runs with one seed (dropout on): two epochs; one epoch saved; its resumption.
     The one-epoch run repeats the first epoch of the other exactly, and the resumed run
-    continues it exactly."""
+    continues it exactly: each architecture round-trips through its checkpoint."""
     args = ["--print_freq", "1", "--dropout_rate", "0.3", "--seed", "5",
-            "--global_batch_size", "64"]
+            "--global_batch_size", "64", "--architecture", architecture]
     whole = train(data["tiny"], tmp_path / "whole", "--epochs", "2", *args)
     ckpt = str(tmp_path / "ckpt")
     first = train(data["tiny"], tmp_path / "first", "--epochs", "1",
