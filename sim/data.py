@@ -19,7 +19,9 @@ def model_shape(spec: FeatureSpec) -> dict:
     return {"user_cardinalities": tuple(spec.cardinality(f) for f in spec.channel(USER_CHANNEL)),
             "item_cardinalities": tuple(spec.cardinality(f)
                                         for f in spec.channel(TARGET_CHANNEL)),
-            "history_length": spec.dimension(positive[0])}
+            "history_length": spec.dimension(positive[0]),
+            "dynamic": tuple(spec.dynamic(f) for f in spec.channel(USER_CHANNEL)
+                             + spec.channel(TARGET_CHANNEL))}
 
 
 class SimBatches:

@@ -21,7 +21,9 @@ def serving(model, spec) -> tuple:
                  for c in CHANNELS.values() for f in spec.channel(c)}
 
     def probabilities(features):
-        checked = {f: ids_in_range(ids, spec.id_limit(f)) for f, ids in features.items()}
+        # a dynamic feature's map reads an unknown id from row 0 itself: nothing to replace
+        checked = {f: (ids, tf.constant(0, tf.int64)) if spec.dynamic(f) else
+                   ids_in_range(ids, spec.id_limit(f)) for f, ids in features.items()}
         inputs = {k: [checked[f][0] for f in spec.channel(c)] for k, c in CHANNELS.items()}
         logit, _, _ = model.forward(model.lookup(inputs, training=False))
         return {"probabilities": tf.sigmoid(logit),

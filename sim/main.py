@@ -20,6 +20,7 @@ from absl import app, flags
 from core import plot_log
 from core.cli import run_cli
 from core.dllog import DLLogger
+from core.feature_spec import DynamicSpec
 from core.parallel.comm import make_communicator
 from core.pipelines import DictPipeline, MappedPipeline, reader_errors_surfaced
 from core.sources import load_spec
@@ -48,6 +49,10 @@ flags.DEFINE_float("divergence_factor", DEFAULT_DIVERGENCE_FACTOR, "A loss above
 flags.DEFINE_enum("optimizer", "adam", ["adam", "lazy_adam", "sgd"], "adam (lazy rows for "
                   "tables; lazy_adam: the same) or sgd")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (adam)")
+flags.DEFINE_list("dynamic_features", [], "Features (or 'all') whose tables learn their ids "
+                  "(open vocabulary; an item feature's target and histories share its map)")
+flags.DEFINE_integer("dynamic_min_count", 1, "--dynamic_features: occurrences before an id "
+                     "gets a row of its own", lower_bound=1)
 flags.DEFINE_enum("table_updates", "lazy", ["lazy", "dense"], "lazy: the optimizer updates "
                   "the table rows a batch looks up (moments included); dense: every row each "
                   "step, as the reference's AdamW on dense table gradients (slower)")
@@ -183,7 +188,8 @@ def run(spec, comm, logger):
             F.load_checkpoint_path, trainer.variables(), trainer.named_state(),
             trainer.model.config.checkpoint_shape(), trainer.optimizer,
             # fields older checkpoints lack
-            model_defaults={"item_item_interaction": "activation_unit",
+            dynamic_tables=trainer.model.dynamic,
+            model_defaults={"dynamic": [], "item_item_interaction": "activation_unit",
                             "architecture": "compact"})
     train, test = pipelines(spec, comm)
     if F.mode == "inference":
@@ -195,7 +201,7 @@ def run(spec, comm, logger):
         def save(position):
             checkpoint.save_replica(F.save_checkpoint_path, trainer.named_state(), comm,
                                     position, trainer.model.config.checkpoint_shape(),
-                                    trainer.optimizer)
+                                    trainer.optimizer, trainer.model.dynamic)
             return F.save_checkpoint_path
     loop.train(trainer, train, lambda: loop.evaluate(trainer, test()), logger, loop_config(),
                position, save)
@@ -222,6 +228,12 @@ def train_or_infer():
     logger = DLLogger(log_path, enabled=comm.rank == 0)
     logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})
     spec = load_spec(F.dataset_dir, SIM_CONTRACT, F.feature_spec)
+    if F.dynamic_features:
+        spec = spec.with_dynamic(F.dynamic_features, DynamicSpec(F.dynamic_min_count))
+    dynamic = [f for f in spec.feature_spec if spec.dynamic(f)]
+    if dynamic and comm.size > 1:
+        raise ValueError(f"dynamic tables {dynamic} run in one process for now; found "
+                         f"{comm.size} processes")
     run(spec, comm, logger)
     if F.mode == "train" and comm.rank == 0:
         plot_log.plot(log_path, os.path.join(F.results_dir, "curves.png"))

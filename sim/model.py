@@ -1,7 +1,7 @@
 """DIN, DIEN and SIM over one user's behaviour history.
 
 Histories follow NVIDIA's convention: D ids per row, left-padded with 0 (padding), most
-recent last; a behaviour is real where its first item feature's id is > 0. With
+recent last; a behaviour is real where its first item feature's id is not 0. With
 --long_seq_length L, the first L positions are the long part and the last D-L the short
 part, as in the reference. Each model reads what the reference's does:
 
@@ -46,6 +46,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from core.dynamic import DynamicTable
 from core.layers import MLP, table_variable
 from sim import blocks
 
@@ -76,6 +77,8 @@ class SimConfig:
     seed: int = 0
     item_item_interaction: str = "dot"
     architecture: str = "reference"
+    # per user feature, then per item feature: a DynamicSpec (open vocabulary) or None
+    dynamic: tuple = ()
 
     @property
     def dot(self) -> bool:
@@ -148,6 +151,15 @@ class SimModel(tf.Module):
                                 for t, n in enumerate(c.user_cardinalities)]
             self.item_tables = [self._table(n + 1, 100 + t, f"item_table_{t}")
                                 for t, n in enumerate(c.item_cardinalities)]
+            # a dynamic table's rows: its cardinality + 1 as a static one's; row 0 is both
+            # the padding and the rare row (padding is masked wherever it is read)
+            names = list(self.tables())
+            self.dynamic = {name: DynamicTable(int(table.shape[0]), spec, f"dynamic_{name}")
+                            for name, table, spec in zip(names, self.tables().values(),
+                                                         c.dynamic) if spec}
+            # (table, rows) of rows a dynamic table gave to new ids: the optimizer resets
+            # their slots (SimTrainer registers it)
+            self.new_rows_hooks = []
             if c.model_type == "din" and not c.dot:
                 # name kept for checkpoints: DIN's scorer over the whole history
                 self._add("short_attention", "short_attention",
@@ -245,6 +257,42 @@ class SimModel(tf.Module):
         one embedded tensor per part, the features' embeddings side by side."""
         return self._embed(self.item_tables, ids_per_feature, deduplicate)
 
+    def _rows(self, names, ids_per_feature, training: bool):
+        """ids_per_feature with a dynamic feature's ids replaced by their rows: one map per
+        feature for all its id tensors; padding (0) is never inserted and reads row 0."""
+        out = []
+        for name, id_tensors in zip(names, ids_per_feature):
+            dynamic = self.dynamic.get(name)
+            if dynamic is None:
+                out.append(id_tensors)
+                continue
+            flat = tf.concat([tf.reshape(ids, [-1]) for ids in id_tensors], 0)
+            if training:
+                real = tf.where(flat != 0)
+                rows, new_rows = dynamic.train_lookup(tf.gather_nd(flat, real))
+                table = self.tables()[name]
+                dynamic.redraw(table, new_rows,
+                               self.config.seed * 1000 + list(self.tables()).index(name))
+                for hook in self.new_rows_hooks:
+                    hook(table, new_rows)
+                flat = tf.tensor_scatter_nd_update(tf.zeros_like(flat), real, rows)
+            else:
+                flat = dynamic.lookup(flat)
+            pieces = tf.split(flat, [tf.size(ids) for ids in id_tensors])
+            out.append([tf.reshape(p, tf.shape(ids)) for p, ids in zip(pieces, id_tensors)])
+        return out
+
+    def _dynamic_rows(self, inputs: dict, training: bool) -> dict:
+        """inputs with dynamic features' ids as rows (the target and both histories of an
+        item feature share its map)."""
+        users = self._rows([f"user_table_{t}" for t in range(len(inputs["user"]))],
+                           [[ids] for ids in inputs["user"]], training)
+        items = self._rows([f"item_table_{t}" for t in range(len(inputs["target"]))],
+                           [list(parts) for parts in zip(inputs["target"], inputs["positive"],
+                                                         inputs["negative"])], training)
+        return {"user": [u[0] for u in users], "target": [i[0] for i in items],
+                "positive": [i[1] for i in items], "negative": [i[2] for i in items]}
+
     def _embed(self, tables, ids_per_feature, deduplicate: bool):
         """_shared_lookup when training; without gradients (prediction) a plain gather per
         feature and part is cheaper: the same values without finding the distinct ids
@@ -284,12 +332,14 @@ class SimModel(tf.Module):
 
     def lookup(self, inputs: dict, training: bool = True) -> dict:
         """inputs: 'user' [ids [B]], 'target' [ids [B]], 'positive' / 'negative' [ids [B, D]]
-        per item feature. Returns the embedded tensors and masks (id > 0 of the first
+        per item feature. Returns the embedded tensors and masks (id != 0 of the first
         positive feature) that forward() reads; only the parts this model type uses.
         training=False: no gradient will be taken (see _embed) and the negative history,
         read only by DIEN's auxiliary loss, is left out."""
         c = self.config
-        mask = tf.cast(inputs["positive"][0] > 0, tf.float32)
+        mask = tf.cast(inputs["positive"][0] != 0, tf.float32)  # a dynamic id may be < 0
+        if self.dynamic:
+            inputs = self._dynamic_rows(inputs, training)
         out = {"user": self._embed(self.user_tables, [[ids] for ids in inputs["user"]],
                                    training)[0]}
         if c.model_type == "din":

@@ -107,6 +107,7 @@ class SimTrainer(Trainer):
         self.optimizer = make_optimizer(optimizer, {**self.dense, **self.tables}, weight_decay)
         if table_updates == "dense":
             self.optimizer = dense_table_updates(self.optimizer)
+        model.new_rows_hooks.append(self.optimizer.reset_rows)
         group = OptimizerGroup(self.optimizer, lambda step: self.lr,
                                tuple(self.dense.values()) + tuple(self.tables.values()))
         signature = (input_signature(model.config), tf.TensorSpec([None], tf.float32),
