@@ -8,7 +8,7 @@ import pytest
 
 from core.feature_spec import FeatureSpec
 from datasets import SplitBinaryWriter
-from test_training import final_metrics, run_main, step_losses
+from test_training import assert_resumed_losses_equal, final_metrics, run_main, step_losses
 
 NUM = 4
 CAPACITY = 64
@@ -53,11 +53,7 @@ def test_resume_mid_epoch_is_exact(tmp_path):
         ["dynamic_0.npz", "dynamic_1.npz"]
     run_main(*common, "--restore_checkpoint_path", str(ckpt),
              "--log_path", str(tmp_path / "second.json"))
-    full = step_losses(tmp_path / "full.json")
-    resumed = {**step_losses(tmp_path / "first.json"), **step_losses(tmp_path / "second.json")}
-    assert sorted(full) == sorted(resumed) == list(range(1, 25))
-    for step in full:
-        assert resumed[step] == pytest.approx(full[step], abs=1e-6), step
+    assert_resumed_losses_equal(tmp_path, 24)
     evictions = np.load(ckpt / "dynamic_0.npz")["counters"][3]
     assert evictions > 0  # the test covers a full table
 

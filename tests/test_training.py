@@ -38,6 +38,15 @@ def step_losses(log):
             and "loss" in r["data"]}
 
 
+def assert_resumed_losses_equal(tmp_path, steps: int):
+    """The losses of full.json equal those of first.json then second.json, step by step."""
+    full = step_losses(tmp_path / "full.json")
+    resumed = {**step_losses(tmp_path / "first.json"), **step_losses(tmp_path / "second.json")}
+    assert sorted(full) == sorted(resumed) == list(range(1, steps + 1))
+    for step in full:
+        assert resumed[step] == pytest.approx(full[step], abs=1e-6), step
+
+
 @pytest.mark.parametrize("signal,interaction,optimizer", [(3.0, "dot", "sgd"),
                                                            (3.0, "cross", "adam"),
                                                            (0.0, "dot", "sgd")])
@@ -77,11 +86,7 @@ def test_resume_gives_identical_losses(tmp_path):
                                                        for s in "mv"])
     run_main(*common, "--restore_checkpoint_path", str(ckpt),
              "--log_path", str(tmp_path / "second.json"))
-    full = step_losses(tmp_path / "full.json")
-    resumed = {**step_losses(tmp_path / "first.json"), **step_losses(tmp_path / "second.json")}
-    assert sorted(full) == sorted(resumed) == list(range(1, 25))
-    for step in full:
-        assert resumed[step] == pytest.approx(full[step], abs=1e-6), step
+    assert_resumed_losses_equal(tmp_path, 24)
     assert final_metrics(tmp_path / "full.json")["auc"] == pytest.approx(
         final_metrics(tmp_path / "second.json")["auc"], abs=1e-6)
 
