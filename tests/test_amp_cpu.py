@@ -1,5 +1,5 @@
-"""--amp on a CPU: bfloat16 where the CPU has native bfloat16 matrix units (AMX), float32
-with one line elsewhere (DLRM_CPU_AMP=bfloat16 forces bfloat16); the bfloat16 forward pass
+"""--amp on a CPU: bfloat16 where the CPU multiplies bfloat16 natively (AMX, AVX512_BF16),
+float32 with one line elsewhere (DLRM_CPU_AMP=bfloat16 forces bfloat16); the bfloat16 forward pass
 follows the float32 one within bfloat16's precision."""
 import numpy as np
 import pytest
@@ -21,6 +21,13 @@ def test_cpu_flags_are_read_from_cpuinfo(tmp_path):
     assert runtime.cpu_flags(str(tmp_path / "missing")) == set()
 
 
+@pytest.mark.parametrize("flags,native", [("fpu avx2 fma", False), ("avx512f avx512_bf16", True),
+                                          ("avx512f amx_bf16 amx_tile", True)])
+def test_native_bfloat16_is_amx_or_avx512_bf16(monkeypatch, flags, native):
+    monkeypatch.setattr(runtime, "cpu_flags", lambda path="/proc/cpuinfo": set(flags.split()))
+    assert runtime.native_bfloat16_matmul() == native
+
+
 @pytest.mark.parametrize("native,choice,expected", [
     (True, None, tf.bfloat16), (False, None, tf.float32), (False, "bfloat16", tf.bfloat16),
     (True, "auto", tf.bfloat16)])
@@ -37,7 +44,7 @@ def test_amp_takes_bfloat16_only_where_it_is_native(monkeypatch, capsys, native,
     assert engine.compute_dtype_for(False) == tf.float32
     said = capsys.readouterr().out.strip().splitlines()
     if expected == tf.float32:
-        assert len(said) == 1 and "no native bfloat16 matrix units" in said[0]
+        assert len(said) == 1 and "no native bfloat16 instructions" in said[0]
         engine.compute_dtype_for(True)
         assert capsys.readouterr().out == ""  # said once
     else:

@@ -71,18 +71,19 @@ class OptimizerGroup:
 
 
 def compute_dtype_for(amp: bool):
-    """--amp: float16 on a GPU; on a CPU bfloat16 (float32's exponent range) where it has
-    native bfloat16 matrix units (AMX), else float32, said in one line (core/runtime.py:
-    cpu_amp_dtype; DLRM_CPU_AMP=bfloat16 forces bfloat16); without --amp float32."""
+    """--amp: float16 on a GPU; on a CPU bfloat16 (float32's exponent range) where it
+    multiplies bfloat16 natively (AMX or AVX512_BF16), else float32, said in one line
+    (core/runtime.py: cpu_amp_dtype; DLRM_CPU_AMP=bfloat16 forces bfloat16); without --amp
+    float32."""
     if not amp:
         return tf.float32
     if tf.config.list_logical_devices("GPU"):
         return tf.float16
     if runtime.cpu_amp_dtype() == "bfloat16":
         return tf.bfloat16
-    _say_once("--amp: this CPU has no native bfloat16 matrix units (AMX); bfloat16 would be "
-              f"emulated and slower, so training keeps float32 ({runtime.CPU_AMP_VARIABLE}="
-              f"bfloat16 forces it)")
+    _say_once("--amp: this CPU has no native bfloat16 instructions (AMX, AVX512_BF16): "
+              "bfloat16 would be emulated and slower, so training keeps float32 "
+              f"({runtime.CPU_AMP_VARIABLE}=bfloat16 forces it)")
     return tf.float32
 
 
