@@ -25,7 +25,8 @@ import time
 import yaml
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from criteo_real_auc import DEFAULT_DATA, ROOT, dlrm, make_days  # noqa: E402
+from criteo_real_auc import (DEFAULT_DATA, ROOT, add_dlrm_arguments, dlrm,  # noqa: E402
+                             make_days)
 
 
 def parse_args():
@@ -36,11 +37,7 @@ def parse_args():
     p.add_argument("--dynamic_capacity", type=int, default=65536)
     p.add_argument("--rounds", type=int, default=3, help="preprocessing timings (interleaved)")
     p.add_argument("--seeds", default="12345,1,2,3")
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--embedding_dim", type=int, default=16)
-    p.add_argument("--bottom_mlp_dims", default="64,32,16")
-    p.add_argument("--top_mlp_dims", default="64,32,1")
-    p.add_argument("--learning_rate", type=float, default=0.001)
+    add_dlrm_arguments(p)
     return p.parse_args()
 
 

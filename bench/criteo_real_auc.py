@@ -37,6 +37,15 @@ DEFAULT_DATA = next((d for d in (os.path.join(ROOT, "shared", "data", "criteo"),
                     "/work/shared/data/criteo")
 
 
+def add_dlrm_arguments(p) -> None:
+    """The DLRM training flags dlrm() reads (shared with bench/criteo_one_pass.py)."""
+    p.add_argument("--batch_size", type=int, default=64)
+    p.add_argument("--embedding_dim", type=int, default=16)
+    p.add_argument("--bottom_mlp_dims", default="64,32,16")
+    p.add_argument("--top_mlp_dims", default="64,32,1")
+    p.add_argument("--learning_rate", type=float, default=0.001)
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--data_dir", default=DEFAULT_DATA)
@@ -44,11 +53,7 @@ def parse_args():
     p.add_argument("--frequency_threshold", type=int, default=2)
     p.add_argument("--cores", default="1,2", help="Spark core counts to time")
     p.add_argument("--memory", default="2g")
-    p.add_argument("--batch_size", type=int, default=64)
-    p.add_argument("--embedding_dim", type=int, default=16)
-    p.add_argument("--bottom_mlp_dims", default="64,32,16")
-    p.add_argument("--top_mlp_dims", default="64,32,1")
-    p.add_argument("--learning_rate", type=float, default=0.001)
+    add_dlrm_arguments(p)
     p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--skip_dlrm", action="store_true", help="only preprocessing and LR")
     p.add_argument("--throughput_copies", type=int, default=0,
