@@ -11,7 +11,8 @@ import tensorflow as tf
 from core.dynamic import DynamicTable
 from core.layers import table_variable
 from core.parallel.comm import Communicator
-from core.parallel.placement import BYTES_PER_ELEMENT, PlacementPlan
+from core.parallel.placement import PlacementPlan, TablePiece
+from core.parallel.rows import range_owner, routed_lookup
 from core.sources import local_row_bounds
 
 
@@ -30,11 +31,6 @@ class EmbeddingLayer(tf.Module):
         super().__init__(name=name)
         self.plan, self.comm, self.seed = plan, comm or Communicator(), seed
         dynamic = {t: s for t, s in enumerate(dynamic) if s is not None}
-        if plan.row_wise and self.comm.size > 1:
-            # the plan and its bytes exist; the id/vector exchange does not yet (issue 31)
-            raise ValueError(f"tables {list(plan.row_wise)} are planned row-wise, which runs "
-                             f"in one process only for now; found {self.comm.size} processes: "
-                             f"choose another --sharding or a larger --memory_budget_gb")
         if dynamic and self.comm.size > 1:
             raise ValueError(f"dynamic tables {sorted(dynamic)} run in one process for now; "
                              f"found {self.comm.size} processes")
@@ -44,20 +40,21 @@ class EmbeddingLayer(tf.Module):
         self.local_pieces = plan.pieces_on(self.comm.rank)
         self.read_tables = plan.tables_read_by(self.comm.rank)
 
-        def variable(rows, table, c0, c1, name):
-            offload = offload_threshold_bytes and rows * (c1 - c0) * BYTES_PER_ELEMENT \
-                > offload_threshold_bytes
+        def variable(p, name):
+            offload = offload_threshold_bytes and p.bytes > offload_threshold_bytes
             with tf.device("/CPU:0" if offload else None):
-                return table_variable(rows, plan.dim, seed, table, c0, c1, trainable, name)
+                return table_variable(p.rows, plan.dim, seed, p.table, p.col_start, p.col_stop,
+                                      trainable, name, p.row_start, p.row_stop)
 
         with self.name_scope:
-            if self.comm.size > 1 and not self.local_pieces:
+            if self.comm.size > 1 and not plan.exchanged_pieces_on(self.comm.rank):
                 self.exchange_anchor = tf.Variable(tf.zeros([1, 0]), name="exchange_anchor")
             self.piece_variables = [
-                variable(p.rows, p.table, p.col_start, p.col_stop,
-                         f"table_{p.table}_cols_{p.col_start}") for p in self.local_pieces]
+                variable(p, f"table_{p.table}_cols_{p.col_start}_rows_{p.row_start}")
+                for p in self.local_pieces]
             self.replicated_variables = {
-                t: variable(plan.cardinalities[t], t, 0, plan.dim, f"table_{t}_replicated")
+                t: variable(TablePiece(t, plan.cardinalities[t], 0, plan.dim, self.comm.rank),
+                            f"table_{t}_replicated")
                 for t in plan.replicated}
             # a list, saved with a SavedModel (which refuses dicts with int keys), and a
             # read-only view by table id
@@ -89,11 +86,13 @@ class EmbeddingLayer(tf.Module):
         if self.comm.size == 1:
             for p, var in zip(self.local_pieces, self.piece_variables):
                 vectors.setdefault(p.table, []).append(tf.nn.embedding_lookup(var, ids[p.table]))
-        else:
+        elif any(p.table not in self.plan.row_wise for p in self.plan.pieces):
             vectors, sources = self._exchange(ids, global_rows)
         start, stop = self.local_rows(global_rows)
         for t, var in self.replicated_variables.items():
             vectors[t] = [tf.nn.embedding_lookup(var, ids[t][start:stop])]
+        for t in self.plan.row_wise:
+            vectors[t] = [self._routed(t, ids[t][start:stop])]
         per_table = [v[0] if len(v) == 1 else tf.concat(v, axis=1)
                      for _, v in sorted(vectors.items())]
         return per_table, sources
@@ -114,14 +113,23 @@ class EmbeddingLayer(tf.Module):
             return self.replicated_variables[t]
         return next(v for p, v in zip(self.local_pieces, self.piece_variables) if p.table == t)
 
+    def _routed(self, t, ids):
+        """Lookups of a row-wise table's ids on this rank's batch rows, from their owners."""
+        piece, var = next((p, v) for p, v in zip(self.local_pieces, self.piece_variables)
+                          if p.table == t)
+        owners = range_owner([p.row_start for p in self.plan.pieces_of(t)])
+        return routed_lookup(self.comm, var, ids, owners, lambda rows: rows - piece.row_start,
+                             name=row_wise_name(t))
+
     def _exchange(self, ids, global_batch):
         """Model-parallel lookups for the global batch -> each rank's local rows (all-to-all);
         also the extra gradient sources of lookup()."""
         plan, comm = self.plan, self.comm
         bounds = [local_row_bounds(global_batch, r, comm.size)[0] for r in range(comm.size + 1)]
         local = [tf.nn.embedding_lookup(var, ids[p.table])
-                 for p, var in zip(self.local_pieces, self.piece_variables)]
-        my_width = sum(p.width for p in self.local_pieces)
+                 for p, var in zip(self.local_pieces, self.piece_variables)
+                 if p.table not in plan.row_wise]
+        my_width = sum(p.width for p in plan.exchanged_pieces_on(comm.rank))
         sources = []
         if local:
             send = tf.concat(local, axis=1)  # [B_global, my_width]
@@ -138,7 +146,7 @@ class EmbeddingLayer(tf.Module):
         my_rows = bounds[comm.rank + 1] - bounds[comm.rank]
         vectors, offset = {}, 0
         for source in range(comm.size):
-            pieces = plan.pieces_on(source)
+            pieces = plan.exchanged_pieces_on(source)
             width = sum(p.width for p in pieces)
             block = tf.reshape(received[offset:offset + my_rows * width], [my_rows, width])
             offset += my_rows * width
@@ -148,3 +156,8 @@ class EmbeddingLayer(tf.Module):
                 col += p.width
         return {t: [v for _, v in sorted(parts, key=lambda x: x[0])]
                 for t, parts in vectors.items()}, sources
+
+
+def row_wise_name(table: int) -> str:
+    """The collectives of a row-wise table's lookup are named after it (core/parallel/rows.py)."""
+    return f"row_wise_table_{table}"

@@ -9,6 +9,8 @@ import tensorflow as tf
 
 from core.optimizers import LearningRateSchedule, make_optimizer
 from core.parallel.comm import ALLTOALL_NAMES
+from core.parallel.rows import collective_names
+from embedding import row_wise_name
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
 from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
 
@@ -21,7 +23,10 @@ class DLRMTask:
         # the key of a replicated table is its table id; of a model-parallel piece, the piece
         self.tables = [TableGradient(piece, var, var.ref() in replicated)
                        for piece, var in model.embeddings.all_variables() if var.trainable]
-        self.lookup_collectives = ALLTOALL_NAMES if model.plan.world_size > 1 else ()
+        plan = model.plan
+        exchanged = plan.world_size > 1 and any(p.table not in plan.row_wise for p in plan.pieces)
+        self.lookup_collectives = (list(ALLTOALL_NAMES) if exchanged else []) + [
+            name for t in plan.row_wise for name in collective_names(row_wise_name(t))]
 
     def lookup(self, batch):
         _, categorical, _, global_rows = batch

@@ -22,16 +22,22 @@ def bias_normal(units: int, seed: int, key: int) -> np.ndarray:
 
 
 def embedding_uniform_chunks(rows: int, dim: int, seed: int, table: int, col_start: int = 0,
-                             col_stop: int = None):
-    """Columns [col_start, col_stop) of table `table`, uniform in +-sqrt(1/rows), as
-    (first row, block) pairs of at most TABLE_INIT_CHUNK_ROWS rows.
+                             col_stop: int = None, row_start: int = 0, row_stop: int = None):
+    """Rows [row_start, row_stop) and columns [col_start, col_stop) of table `table`, uniform
+    in +-sqrt(1/rows), as (first row relative to row_start, block) pairs of at most
+    TABLE_INIT_CHUNK_ROWS rows.
 
-    One generator per chunk, so a column slice equals the same columns of the whole table
-    and no caller ever needs the whole table in numpy."""
+    One generator per chunk of the whole table, so a slice of rows or columns equals the same
+    part of the whole table and no caller ever needs the whole table in numpy."""
     col_stop = dim if col_stop is None else col_stop
+    row_stop = rows if row_stop is None else row_stop
     bound = np.float32(np.sqrt(1.0 / rows))
+    first_chunk = row_start // TABLE_INIT_CHUNK_ROWS
     for chunk, start in enumerate(range(0, rows, TABLE_INIT_CHUNK_ROWS)):
         stop = min(start + TABLE_INIT_CHUNK_ROWS, rows)
+        if chunk < first_chunk or start >= row_stop:
+            continue
         rng = np.random.default_rng([seed, 1_000_000 + table, chunk])
         block = rng.random((stop - start, dim), dtype=np.float32)
-        yield start, (block[:, col_start:col_stop] * 2 - 1) * bound
+        a, b = max(row_start, start), min(row_stop, stop)
+        yield a - row_start, (block[a - start:b - start, col_start:col_stop] * 2 - 1) * bound

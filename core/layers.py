@@ -39,13 +39,18 @@ class MLP(tf.Module):
 
 
 def table_variable(rows: int, dim: int, seed: int, table: int, col_start: int = 0,
-                   col_stop: int = None, trainable: bool = True, name: str = None) -> tf.Variable:
-    """Columns [col_start, col_stop) of embedding table `table` as a plain tf.Variable (looked
-    up with tf.nn.embedding_lookup, updated by sparse row updates), initialised uniform in
-    +-sqrt(1/rows). Filled in row chunks: a whole numpy copy would double peak host memory."""
+                   col_stop: int = None, trainable: bool = True, name: str = None,
+                   row_start: int = 0, row_stop: int = None) -> tf.Variable:
+    """Rows [row_start, row_stop) and columns [col_start, col_stop) of embedding table `table`
+    (of `rows` rows) as a plain tf.Variable (looked up with tf.nn.embedding_lookup, updated by
+    sparse row updates), initialised uniform in +-sqrt(1/rows). Filled in row chunks: a whole
+    numpy copy would double peak host memory."""
     col_stop = dim if col_stop is None else col_stop
-    var = tf.Variable(tf.zeros([rows, col_stop - col_start]), trainable=trainable, name=name)
-    for start, block in embedding_uniform_chunks(rows, dim, seed, table, col_start, col_stop):
+    row_stop = rows if row_stop is None else row_stop
+    var = tf.Variable(tf.zeros([row_stop - row_start, col_stop - col_start]),
+                      trainable=trainable, name=name)
+    for start, block in embedding_uniform_chunks(rows, dim, seed, table, col_start, col_stop,
+                                                 row_start, row_stop):
         # the raw op writes in place; var[a:b].assign() first reads the variable, and that
         # shared buffer makes the write copy the whole table
         tf.raw_ops.ResourceStridedSliceAssign(ref=var.handle, begin=[start],

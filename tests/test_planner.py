@@ -109,18 +109,6 @@ def test_describe_prints_kind_ranks_and_bytes_per_table():
     assert "exchanged per step" in text
 
 
-def test_a_row_wise_plan_is_refused_by_the_embedding_layer_of_several_processes():
-    from core.parallel.comm import Communicator
-    from embedding import EmbeddingLayer
-
-    class SecondOfTwo(Communicator):
-        rank, size = 1, 2
-
-    plan = make_plan([10, 2], 4, 2, sharding="row_wise")
-    with pytest.raises(ValueError, match=r"tables \[0, 1\] are planned row-wise"):
-        EmbeddingLayer(plan, SecondOfTwo())
-
-
 def plan_mode(*args, launcher=()):
     return bounded_run([*launcher, sys.executable, "main.py", "--print_plan",
                         "--log_path", os.devnull, *args], 300)

@@ -7,13 +7,13 @@ Layout of a checkpoint directory:
   dense.npz            data-parallel variables (and their optimizer slots, '<name>/m', '/v')
   table_<t>.npy        embedding table t, whole ([rows, dim]), one file per table
   table_<t>.m.npy ...  its lazy-Adam moments, when the optimizer is Adam
-Each rank writes the column slices it holds into a temporary directory; rank 0 joins slices
-of a table into its file in row chunks and renames the directory into place, so an
-interrupted save never leaves a half checkpoint (a kill between the renames of the swap is
-recovered from the complete copy beside the path: open_checkpoint). A state holding NaN or inf
-is never saved, and a failed write (a full disk) leaves the previous checkpoint; both are one
-CheckpointError on every rank. Restoring reads only the columns a rank
-holds (memory-mapped). The directory must be visible to every rank (a shared filesystem).
+Each rank writes the column slices and row ranges it holds into a temporary directory; rank 0
+joins the pieces of a table into its file in row chunks and renames the directory into place,
+so an interrupted save never leaves a half checkpoint (a kill between the renames of the swap
+is recovered from the complete copy beside the path: open_checkpoint). A state holding NaN or
+inf is never saved, and a failed write (a full disk) leaves the previous checkpoint; both are
+one CheckpointError on every rank. Restoring reads only the rows and columns a rank holds
+(memory-mapped). The directory must be visible to every rank (a shared filesystem).
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ import zlib
 import numpy as np
 
 from core.files import StagedDirectory, atomic_write_text, write_error
+from core.parallel.placement import TablePiece
 
 FORMAT_VERSION = 1
 ROW_CHUNK = 1 << 16
@@ -46,8 +47,9 @@ def _model_shape(model) -> dict:
             "dynamic": [d.__dict__ if d else None for d in c.dynamic] or None}
 
 
-def _piece_file(table: int, c0: int, c1: int, slot: str = "") -> str:
-    return f"piece_{table}_{c0}_{c1}{'.' + slot if slot else ''}.npy"
+def _piece_file(piece, slot: str = "") -> str:
+    return (f"piece_{piece.table}_{piece.col_start}_{piece.col_stop}_{piece.row_start}"
+            f"{'.' + slot if slot else ''}.npy")
 
 
 def _dynamic_file(table: int) -> str:
@@ -117,8 +119,7 @@ def _save_own_arrays(tmp: str, path: str, trainer) -> None:
     for piece, var in zip(model.embeddings.local_pieces, model.embeddings.piece_variables):
         named = {"": var, **optimizer.slots(table_keys.get(var.ref(), ""))}
         for slot, v in named.items():
-            np.save(os.path.join(tmp, _piece_file(piece.table, piece.col_start, piece.col_stop,
-                                                  slot)),
+            np.save(os.path.join(tmp, _piece_file(piece, slot)),
                     _finite(f"table {piece.table}{' ' + slot if slot else ''}", v.numpy(), path))
     if comm.rank != 0:
         return
@@ -165,8 +166,7 @@ def _finish(staged: StagedDirectory, plan, optimizer, meta: dict) -> None:
 
 def _join_pieces(directory: str, plan, table: int, slot: str) -> None:
     pieces = plan.pieces_of(table)
-    files = [os.path.join(directory, _piece_file(table, p.col_start, p.col_stop, slot))
-             for p in pieces]
+    files = [os.path.join(directory, _piece_file(p, slot)) for p in pieces]
     if not all(os.path.exists(f) for f in files):
         return  # this slot does not exist for the table (e.g. SGD, or a frozen table)
     target = os.path.join(directory, _table_file(table, slot))
@@ -176,10 +176,11 @@ def _join_pieces(directory: str, plan, table: int, slot: str) -> None:
     sources = [np.load(f, mmap_mode="r") for f in files]
     out = np.lib.format.open_memmap(target, mode="w+", dtype=np.float32,
                                     shape=(plan.cardinalities[table], plan.dim))
-    for start in range(0, out.shape[0], ROW_CHUNK):
-        stop = min(start + ROW_CHUNK, out.shape[0])
-        for p, src in zip(pieces, sources):
-            out[start:stop, p.col_start:p.col_stop] = src[start:stop]
+    for p, src in zip(pieces, sources):  # column slices and row ranges alike
+        for start in range(0, p.row_count, ROW_CHUNK):
+            stop = min(start + ROW_CHUNK, p.row_count)
+            out[p.row_start + start:p.row_start + stop, p.col_start:p.col_stop] = \
+                src[start:stop]
     out.flush()
     del out, sources
     for f in files:
@@ -293,14 +294,12 @@ def restore(path: str, trainer) -> dict:
     table_keys = {var.ref(): f"table/{i}" for i, (_, var) in enumerate(trainer.table_pairs)}
     for piece, var in model.embeddings.all_variables():
         if isinstance(piece, int):  # replicated table: whole
-            table, c0, c1 = piece, 0, model.plan.dim
-        else:
-            table, c0, c1 = piece.table, piece.col_start, piece.col_stop
-        var.assign(_read_columns(os.path.join(path, _table_file(table)), c0, c1))
+            piece = TablePiece(piece, model.plan.cardinalities[piece], 0, model.plan.dim, 0)
+        var.assign(_read_piece(os.path.join(path, _table_file(piece.table)), piece))
         if same_optimizer:
             for slot, slot_var in optimizer.slots(table_keys.get(var.ref(), "")).items():
-                slot_var.assign(_read_columns(os.path.join(path, _table_file(table, slot)),
-                                              c0, c1))
+                slot_var.assign(_read_piece(os.path.join(path, _table_file(piece.table, slot)),
+                                            piece))
     for table, dynamic in model.embeddings.dynamic.items():
         dynamic_file = os.path.join(path, _dynamic_file(table))
         with _unreadable_as_error(dynamic_file), np.load(dynamic_file) as state:
@@ -321,11 +320,14 @@ def _restore_loss_scale(scaler, meta: dict) -> None:
     scaler.clean_steps.assign(meta["loss_scale"]["clean_steps"])
 
 
-def _read_columns(file: str, c0: int, c1: int) -> np.ndarray:
+def _read_piece(file: str, piece) -> np.ndarray:
+    """The rows and columns of a piece, read from the whole table's file memory-mapped."""
     if not os.path.isfile(file):
         raise CheckpointError(f"checkpoint file missing: {file}")
     with _unreadable_as_error(file):
-        return np.ascontiguousarray(np.load(file, mmap_mode="r")[:, c0:c1])
+        table = np.load(file, mmap_mode="r")
+        return np.ascontiguousarray(table[piece.row_start:piece.row_stop,
+                                          piece.col_start:piece.col_stop])
 
 
 @contextlib.contextmanager

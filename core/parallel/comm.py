@@ -18,8 +18,15 @@ class Communicator:
     rank = 0
     size = 1
 
-    def alltoall(self, tensor, splits):
+    def alltoall(self, tensor, splits, name=ALLTOALL_NAMES[0]):
+        """Rows splits[r] of the (differentiable) tensor go to rank r; the received blocks in
+        rank order. `name` (its backward `name`_grad) matches the collective across ranks."""
         return tensor
+
+    def exchange(self, tensor, splits, name):
+        """alltoall without a gradient (ids), also returning how many rows came from each
+        rank (the splits of the answer going back)."""
+        return tensor, splits
 
     def allreduce_sum(self, tensor, name=None):
         return tensor

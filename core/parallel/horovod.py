@@ -131,7 +131,7 @@ class HorovodCommunicator(Communicator):
         sent = tf.reduce_sum(splits) - splits[self.rank]
         self.alltoall_bytes.assign_add(tf.cast(sent, tf.int64) * tensor.dtype.size)
 
-    def alltoall(self, tensor, splits):
+    def alltoall(self, tensor, splits, name=ALLTOALL_NAMES[0]):
         hvd = self.hvd
 
         @tf.custom_gradient
@@ -140,18 +140,23 @@ class HorovodCommunicator(Communicator):
             self._count(x, splits_i32)
             # fixed names: Horovod matches collectives across ranks by name, and the
             # generated ones differ between ranks whose graphs differ (e.g. one without tables)
-            received, received_splits = hvd.alltoall(x, splits=splits_i32,
-                                                     name=ALLTOALL_NAMES[0])
+            received, received_splits = hvd.alltoall(x, splits=splits_i32, name=name)
 
             def backward(upstream):
+                # a gather's gradient arrives as IndexedSlices: Horovod sends dense tensors
+                upstream = tf.convert_to_tensor(upstream)
                 self._count(upstream, received_splits)
-                grad, _ = hvd.alltoall(upstream, splits=received_splits,
-                                       name=ALLTOALL_NAMES[1])
+                grad, _ = hvd.alltoall(upstream, splits=received_splits, name=name + "_grad")
                 return grad
 
             return received, backward
 
         return exchange(tensor)
+
+    def exchange(self, tensor, splits, name):
+        splits_i32 = tf.cast(splits, tf.int32)
+        self._count(tensor, splits_i32)
+        return self.hvd.alltoall(tensor, splits=splits_i32, name=name)
 
     def allreduce_sum(self, tensor, name=None):
         if isinstance(tensor, tf.IndexedSlices) and name:

@@ -1,0 +1,42 @@
+"""Row-wise sharded lookups: each id goes to the rank that owns its row, the vector comes back,
+and in the backward pass the vector's gradient goes to the owner, which updates its rows
+sparsely. Two all-to-alls per table and step (ids, then vectors; the vectors' mirror in the
+backward pass), issued by every rank in the same order whatever it holds or asks for.
+"""
+from __future__ import annotations
+
+import tensorflow as tf
+
+
+def routed_lookup(comm, variable, ids, owner_of, local_row_of, name: str):
+    """Vectors [*ids.shape, dim] of ids (any shape) from a table split over ranks.
+    owner_of(ids) -> the owning rank of each id (int32); local_row_of(ids) -> the row of
+    each id (owned by this rank) in `variable`. An owner reads its ids in rank order and,
+    within a rank, in batch order: the order one process would read them in, so duplicate
+    rows' gradients are summed in the same order."""
+    flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
+    owners = owner_of(flat)
+    order = tf.argsort(owners, stable=True)
+    counts = tf.math.bincount(owners, minlength=comm.size, maxlength=comm.size,
+                              dtype=tf.int32)
+    asked, asked_counts = comm.exchange(tf.gather(flat, order), counts, name=f"{name}_ids")
+    dim = variable.shape[1]
+    vectors = tf.nn.embedding_lookup(variable, local_row_of(asked))
+    answered = comm.alltoall(tf.reshape(vectors, [-1]), asked_counts * dim,
+                             name=f"{name}_vectors")
+    answered = tf.gather(tf.reshape(answered, [-1, dim]), tf.math.invert_permutation(order))
+    return tf.reshape(answered, tf.concat([tf.shape(ids), [dim]], 0))
+
+
+def range_owner(row_starts):
+    """owner_of for contiguous row ranges: rank r owns rows row_starts[r] .. row_starts[r+1]."""
+    starts = tf.constant([row_starts], tf.int64)
+
+    def owner_of(ids):
+        return tf.cast(tf.searchsorted(starts, ids[None], side="right")[0] - 1, tf.int32)
+    return owner_of
+
+
+def collective_names(name: str) -> list:
+    """The collectives routed_lookup issues under `name`, in order."""
+    return [f"{name}_ids", f"{name}_vectors", f"{name}_vectors_grad"]

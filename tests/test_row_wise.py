@@ -1,0 +1,136 @@
+"""Row-wise sharding under horovodrun (Gloo, CPU): the routed lookup against numpy (vectors,
+gradient rows on their owners, bytes sent equal to the plan's count), DLRM trained with every
+table split by rows on 2 and 3 processes against 1 process (losses per step, AUC), and a
+checkpoint saved on 2 processes resumed on 1 and on 3."""
+import os
+import sys
+
+import numpy as np
+import pytest
+
+from conftest import bounded_run, require_or_skip
+from core.dllog import read_log
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}: the "
+                "row-wise tests need horovod (tools/setup_env.sh builds it)")
+
+MODEL = ["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities",
+         "3000,2000,300,50,700", "--synthetic_dataset_num_numerical_features", "5",
+         "--embedding_dim", "16", "--bottom_mlp_dims", "32,16", "--top_mlp_dims", "64,32,1",
+         "--cpu", "--seed", "11", "--synthetic_dataset_signal_strength", "3",
+         "--valid_batch_size", "999", "--synthetic_dataset_valid_batches", "3",
+         "--optimizer", "adam", "--learning_rate", "0.01", "--sharding", "row_wise"]
+TRAIN = ["--batch_size", "512", "--synthetic_dataset_train_batches", "24", "--print_freq", "1",
+         "--warmup_steps", "4", "--decay_start_step", "12", "--decay_steps", "12"]
+
+
+def launch(np_, *args, timeout=300):
+    cmd = [sys.executable, *args] if np_ == 1 else [
+        HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, *args]
+    proc = bounded_run(cmd, timeout)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def losses(log):
+    return {r["step"][1]: r["data"]["loss"] for r in read_log(log)
+            if r["type"] == "LOG" and isinstance(r["step"], list) and r["step"]
+            and "loss" in r["data"]}
+
+
+def final(log):
+    return [r["data"] for r in read_log(log) if r["type"] == "LOG" and r["step"] == []][-1]
+
+
+ROUTING_SCRIPT = """
+import sys
+sys.path.insert(0, {root!r})
+import numpy as np
+import tensorflow as tf
+from core.initializers import embedding_uniform_chunks
+from core.parallel.comm import make_communicator
+from core.parallel.placement import make_plan
+from core.parallel.rows import range_owner, routed_lookup
+from core.sources import local_row_bounds
+from embedding import EmbeddingLayer
+
+comm = make_communicator(cpu=True)
+cards, dim, B = [37, 5, 11], 4, 14
+plan = make_plan(cards, dim, comm.size, sharding="row_wise")
+layer = EmbeddingLayer(plan, comm, seed=3)
+rng = np.random.default_rng(0)
+ids = [rng.integers(0, c, B) for c in cards]          # the global batch, the same on every rank
+weights = rng.standard_normal((B, dim)).astype(np.float32)
+start, stop = local_row_bounds(B, comm.rank, comm.size)
+before = comm.alltoall_bytes_sent()
+with tf.GradientTape() as tape:
+    out, _ = layer.lookup([tf.constant(i) for i in ids], B, training=True)
+    loss = tf.add_n([tf.reduce_sum(o * weights[start:stop]) for o in out])
+grads = tape.gradient(loss, layer.piece_variables)
+sent = comm.alltoall_bytes_sent() - before
+assert sent == plan.row_wise_exchange_bytes(dict(enumerate(ids)), comm.rank), sent
+for t, (card, o) in enumerate(zip(cards, out)):
+    whole = np.concatenate([b for _, b in embedding_uniform_chunks(card, dim, 3, t)])
+    np.testing.assert_array_equal(o.numpy(), whole[ids[t][start:stop]])
+    piece = plan.pieces_of(t)[comm.rank]
+    expected = np.zeros((card, dim), np.float32)
+    np.add.at(expected, ids[t], weights)               # every rank's rows, summed by owner
+    grad = tf.convert_to_tensor(grads[t]).numpy()
+    np.testing.assert_allclose(grad, expected[piece.row_start:piece.row_stop], atol=1e-6)
+# a multi-hot [rows, 3] lookup from a table of 20 rows split 0-6-13-20 (ranges not from a plan)
+starts = [20 * r // comm.size for r in range(comm.size)]
+mine = slice(starts[comm.rank], ([*starts[1:], 20])[comm.rank])
+table = np.arange(40, dtype=np.float32).reshape(20, 2)
+var = tf.Variable(table[mine])
+hot = rng.integers(0, 20, (B, 3))[start:stop]
+got = routed_lookup(comm, var, tf.constant(hot), range_owner(starts),
+                    lambda rows: rows - mine.start, name="multi_hot")
+np.testing.assert_array_equal(got.numpy(), table[hot])
+print(f"routing ok on rank {{comm.rank}}", flush=True)
+"""
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_routed_lookup_vectors_gradients_and_bytes_equal_numpy(tmp_path, np_):
+    script = tmp_path / "routing.py"
+    script.write_text(ROUTING_SCRIPT.format(root=ROOT))
+    out = launch(np_, str(script)).stdout
+    assert all(f"routing ok on rank {r}" in out for r in range(np_)), out[-2000:]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Full runs on 1, 2 and 3 processes; the first 12 steps on 2 processes, saved, and the
+    rest resumed from that checkpoint on 1 and on 3 processes."""
+    base = tmp_path_factory.mktemp("row_wise")
+    for np_ in (1, 2, 3):
+        launch(np_, "main.py", *MODEL, *TRAIN, "--log_path", str(base / f"full{np_}.json"))
+    launch(2, "main.py", *MODEL, *TRAIN, "--max_steps", "12", "--save_checkpoint_path",
+           str(base / "ckpt"), "--log_path", str(base / "first2.json"))
+    for np_ in (1, 3):
+        launch(np_, "main.py", *MODEL, *TRAIN, "--restore_checkpoint_path", str(base / "ckpt"),
+               "--log_path", str(base / f"resumed{np_}.json"))
+    return base
+
+
+def assert_same_run(log, reference, resumed_from=0):
+    got, want = losses(log), losses(reference)
+    assert sorted(got) == list(range(resumed_from + 1, 25))
+    for step in got:
+        assert abs(got[step] - want[step]) <= 1e-5, (step, got[step], want[step])
+    assert abs(final(log)["auc"] - final(reference)["auc"]) < 1e-6
+    assert final(log)["eval_samples"] == 3 * 999
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_row_wise_training_matches_one_process(runs, np_):
+    assert_same_run(runs / f"full{np_}.json", runs / "full1.json")
+    one = losses(runs / "full1.json")
+    assert one[24] < one[1]  # it trained
+
+
+@pytest.mark.parametrize("np_", [1, 3])
+def test_checkpoint_saved_on_two_resumes_on_other_world_sizes(runs, np_):
+    assert_same_run(runs / f"resumed{np_}.json", runs / "full1.json", resumed_from=12)
