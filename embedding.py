@@ -118,8 +118,8 @@ class EmbeddingLayer(tf.Module):
         piece, var = next((p, v) for p, v in zip(self.local_pieces, self.piece_variables)
                           if p.table == t)
         owners = range_owner([p.row_start for p in self.plan.pieces_of(t)])
-        return routed_lookup(self.comm, var, ids, owners, lambda rows: rows - piece.row_start,
-                             name=row_wise_name(t))
+        return routed_lookup(self.comm, [var], ids, owners, lambda rows: rows - piece.row_start,
+                             name=row_wise_name(t))[0]
 
     def _exchange(self, ids, global_batch):
         """Model-parallel lookups for the global batch -> each rank's local rows (all-to-all);

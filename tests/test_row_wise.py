@@ -79,15 +79,16 @@ for t, (card, o) in enumerate(zip(cards, out)):
     np.add.at(expected, ids[t], weights)               # every rank's rows, summed by owner
     grad = tf.convert_to_tensor(grads[t]).numpy()
     np.testing.assert_allclose(grad, expected[piece.row_start:piece.row_stop], atol=1e-6)
-# a multi-hot [rows, 3] lookup from a table of 20 rows split 0-6-13-20 (ranges not from a plan)
+# a multi-hot [rows, 3] lookup from two tables of 20 rows (widths 2 and 1) split alike
 starts = [20 * r // comm.size for r in range(comm.size)]
 mine = slice(starts[comm.rank], ([*starts[1:], 20])[comm.rank])
-table = np.arange(40, dtype=np.float32).reshape(20, 2)
-var = tf.Variable(table[mine])
+deep = np.arange(40, dtype=np.float32).reshape(20, 2)
+wide = -np.arange(20, dtype=np.float32)[:, None]
 hot = rng.integers(0, 20, (B, 3))[start:stop]
-got = routed_lookup(comm, var, tf.constant(hot), range_owner(starts),
-                    lambda rows: rows - mine.start, name="multi_hot")
-np.testing.assert_array_equal(got.numpy(), table[hot])
+got = routed_lookup(comm, [tf.Variable(deep[mine]), tf.Variable(wide[mine])], tf.constant(hot),
+                    range_owner(starts), lambda rows: rows - mine.start, name="multi_hot")
+np.testing.assert_array_equal(got[0].numpy(), deep[hot])
+np.testing.assert_array_equal(got[1].numpy(), wide[hot])
 print(f"routing ok on rank {{comm.rank}}", flush=True)
 """
 

@@ -8,24 +8,28 @@ from __future__ import annotations
 import tensorflow as tf
 
 
-def routed_lookup(comm, variable, ids, owner_of, local_row_of, name: str):
-    """Vectors [*ids.shape, dim] of ids (any shape) from a table split over ranks.
-    owner_of(ids) -> the owning rank of each id (int32); local_row_of(ids) -> the row of
-    each id (owned by this rank) in `variable`. An owner reads its ids in rank order and,
-    within a rank, in batch order: the order one process would read them in, so duplicate
-    rows' gradients are summed in the same order."""
+def routed_lookup(comm, variables, ids, owner_of, local_row_of, name: str):
+    """Vectors [*ids.shape, width] of ids (any shape) from each table of `variables` (a list
+    of this rank's rows of tables split the same way, e.g. a feature's wide and deep tables:
+    the ids travel once). owner_of(ids) -> the owning rank of each id (int32);
+    local_row_of(ids) -> the row of each id (owned by this rank) in the variables. An owner
+    reads its ids in rank order and, within a rank, in batch order: the order one process
+    would read them in, so duplicate rows' gradients are summed in the same order."""
     flat = tf.reshape(tf.cast(ids, tf.int64), [-1])
     owners = owner_of(flat)
     order = tf.argsort(owners, stable=True)
     counts = tf.math.bincount(owners, minlength=comm.size, maxlength=comm.size,
                               dtype=tf.int32)
     asked, asked_counts = comm.exchange(tf.gather(flat, order), counts, name=f"{name}_ids")
-    dim = variable.shape[1]
-    vectors = tf.nn.embedding_lookup(variable, local_row_of(asked))
-    answered = comm.alltoall(tf.reshape(vectors, [-1]), asked_counts * dim,
+    rows = local_row_of(asked)
+    widths = [v.shape[1] for v in variables]
+    vectors = tf.concat([tf.nn.embedding_lookup(v, rows) for v in variables], axis=1)
+    answered = comm.alltoall(tf.reshape(vectors, [-1]), asked_counts * sum(widths),
                              name=f"{name}_vectors")
-    answered = tf.gather(tf.reshape(answered, [-1, dim]), tf.math.invert_permutation(order))
-    return tf.reshape(answered, tf.concat([tf.shape(ids), [dim]], 0))
+    answered = tf.gather(tf.reshape(answered, [-1, sum(widths)]),
+                         tf.math.invert_permutation(order))
+    return [tf.reshape(part, tf.concat([tf.shape(ids), [width]], 0))
+            for part, width in zip(tf.split(answered, widths, axis=1), widths)]
 
 
 def range_owner(row_starts):
