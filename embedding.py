@@ -9,10 +9,11 @@ from types import MappingProxyType
 import tensorflow as tf
 
 from core.dynamic import DynamicTable
+from core.initializers import embedding_uniform_chunks
 from core.layers import table_variable
 from core.parallel.comm import Communicator
 from core.parallel.placement import PlacementPlan, TablePiece
-from core.parallel.rows import range_owner, routed_lookup
+from core.parallel.rows import hash_owner, range_owner, routed_lookup
 from core.sources import local_row_bounds
 
 
@@ -27,13 +28,16 @@ class EmbeddingLayer(tf.Module):
                  name="embeddings"):
         """offload_threshold_bytes: tables (pieces) larger than this live in host memory
         (matters on GPU machines only; 0 keeps every table on the default device).
-        dynamic: per table a DynamicSpec (an open-vocabulary table, one process) or None."""
+        dynamic: per table a DynamicSpec (an open-vocabulary table) or None. On several
+        processes a dynamic table is row-wise: each rank holds the rows of the ids its hash
+        names, row 0 of every share a copy of the rare row (the trainer sums its gradient
+        across ranks)."""
         super().__init__(name=name)
         self.plan, self.comm, self.seed = plan, comm or Communicator(), seed
         dynamic = {t: s for t, s in enumerate(dynamic) if s is not None}
-        if dynamic and self.comm.size > 1:
-            raise ValueError(f"dynamic tables {sorted(dynamic)} run in one process for now; "
-                             f"found {self.comm.size} processes")
+        if self.comm.size > 1 and not set(dynamic) <= set(plan.row_wise):
+            raise ValueError(f"dynamic tables {sorted(dynamic)} must be planned row-wise on "
+                             f"{self.comm.size} processes (make_plan's hashed_tables)")
         # called with (table variable, rows) when a dynamic table gives rows to new ids: the
         # optimizer zeroes their slots (DlrmTrainer registers it)
         self.new_rows_hooks = []
@@ -58,9 +62,15 @@ class EmbeddingLayer(tf.Module):
                 for t in plan.replicated}
             # a list, saved with a SavedModel (which refuses dicts with int keys), and a
             # read-only view by table id
-            self.dynamic_tables = [DynamicTable(plan.cardinalities[t], s, f"dynamic_{t}")
+            self.dynamic_tables = [DynamicTable(self._share_rows(t), s, f"dynamic_{t}",
+                                                plan.cardinalities[t])
                                    for t, s in dynamic.items()]
             self.dynamic = MappingProxyType(dict(zip(dynamic, self.dynamic_tables)))
+        for t in self.dynamic:
+            if t in plan.row_wise:  # every share's row 0 starts as the whole table's row 0
+                _, row = next(embedding_uniform_chunks(plan.cardinalities[t], plan.dim, seed, t,
+                                                       row_stop=1))
+                self.table_variable(t).scatter_update(tf.IndexedSlices(row, [0]))
 
     def all_variables(self):
         """(description, variable) pairs: model-parallel pieces then replicated tables."""
@@ -81,7 +91,8 @@ class EmbeddingLayer(tf.Module):
         give rows to new ids; other lookups read unknown ids from its rare row."""
         ids = dict(zip(self.read_tables, categorical))
         for t, table in self.dynamic.items():
-            ids[t] = self._train_rows(t, ids[t]) if training else table.lookup(ids[t])
+            if t not in self.plan.row_wise:
+                ids[t] = self._train_rows(t, ids[t]) if training else table.lookup(ids[t])
         vectors, sources = {}, []
         if self.comm.size == 1:
             for p, var in zip(self.local_pieces, self.piece_variables):
@@ -92,7 +103,7 @@ class EmbeddingLayer(tf.Module):
         for t, var in self.replicated_variables.items():
             vectors[t] = [tf.nn.embedding_lookup(var, ids[t][start:stop])]
         for t in self.plan.row_wise:
-            vectors[t] = [self._routed(t, ids[t][start:stop])]
+            vectors[t] = [self._routed(t, ids[t][start:stop], training)]
         per_table = [v[0] if len(v) == 1 else tf.concat(v, axis=1)
                      for _, v in sorted(vectors.items())]
         return per_table, sources
@@ -107,18 +118,30 @@ class EmbeddingLayer(tf.Module):
             hook(var, new_rows)
         return rows
 
+    def _share_rows(self, t) -> int:
+        """Rows of this rank's share of a dynamic table (the whole table in one process)."""
+        if t in self.replicated_variables:
+            return self.plan.cardinalities[t]
+        return int(self.table_variable(t).shape[0])
+
     def table_variable(self, t):
-        """The whole table t of a one-process plan."""
+        """This rank's variable of table t (a one-process table or a row-wise share)."""
         if t in self.replicated_variables:
             return self.replicated_variables[t]
         return next(v for p, v in zip(self.local_pieces, self.piece_variables) if p.table == t)
 
-    def _routed(self, t, ids):
-        """Lookups of a row-wise table's ids on this rank's batch rows, from their owners."""
-        piece, var = next((p, v) for p, v in zip(self.local_pieces, self.piece_variables)
-                          if p.table == t)
-        owners = range_owner([p.row_start for p in self.plan.pieces_of(t)])
-        return routed_lookup(self.comm, [var], ids, owners, lambda rows: rows - piece.row_start,
+    def _routed(self, t, ids, training: bool):
+        """Lookups of a row-wise table's ids on this rank's batch rows, from their owners
+        (a dynamic table's owners map the ids they get, and admit new ones in training)."""
+        piece = next(p for p in self.local_pieces if p.table == t)
+
+        def local_rows(asked):
+            if t not in self.dynamic:
+                return asked - piece.row_start
+            return self._train_rows(t, asked) if training else self.dynamic[t].lookup(asked)
+        owners = hash_owner(self.comm.size) if t in self.dynamic else \
+            range_owner([p.row_start for p in self.plan.pieces_of(t)])
+        return routed_lookup(self.comm, [self.table_variable(t)], ids, owners, local_rows,
                              name=row_wise_name(t))[0]
 
     def _exchange(self, ids, global_batch):

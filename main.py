@@ -193,19 +193,24 @@ def spec_of_the_data():
                                    cardinalities)
 
 
-def placement(cardinalities, world_size: int):
+def placement(cardinalities, world_size: int, dynamic=()):
+    """dynamic: per table a DynamicSpec or None (dynamic tables are split by id hash)."""
     return make_plan(cardinalities, FLAGS.embedding_dim, world_size,
                      FLAGS.column_slice_threshold, FLAGS.data_parallel_threshold,
-                     FLAGS.sharding, int(FLAGS.memory_budget_gb * 2**30))
+                     FLAGS.sharding, int(FLAGS.memory_budget_gb * 2**30),
+                     hashed_tables=[t for t, d in enumerate(dynamic) if d])
 
 
 def print_plans(logger, launched_world_size: int) -> None:
     """Plan-only mode: the plans of the data's tables (or a named Criteo shape) for the
     launched world size or --plan_world_sizes; nothing is read or trained."""
+    dynamic = ()
     if FLAGS.plan_shape:
         cardinalities = criteo_variant(FLAGS.plan_shape).cardinalities
     else:
-        cardinalities = dataset_spec().cardinalities
+        spec = dataset_spec()
+        cardinalities = spec.cardinalities
+        dynamic = [spec.dynamic(f) for f in spec.categorical_features]
     sizes = _ints(FLAGS.plan_world_sizes, "plan_world_sizes") or (launched_world_size,)
     if any(n < 1 for n in sizes):
         raise UsageError(f"--plan_world_sizes must be positive, found {list(sizes)}")
@@ -214,7 +219,7 @@ def print_plans(logger, launched_world_size: int) -> None:
                  f"{FLAGS.embedding_dim} = {parameters / 1e9:,.2f} B embedding parameters "
                  f"({parameters * 4 / 2**30:,.1f} GiB in float32)")
     for world_size in sizes:
-        logger.print(placement(cardinalities, world_size).describe(FLAGS.batch_size))
+        logger.print(placement(cardinalities, world_size, dynamic).describe(FLAGS.batch_size))
 
 
 def build(comm, spec):
@@ -231,7 +236,7 @@ def build(comm, spec):
     if any(config.dynamic) and FLAGS.xla:
         raise UsageError("--xla compiles fixed shapes; dynamic tables change their map every "
                          "step: drop --xla or the dynamic features")
-    plan = placement(config.cardinalities, comm.size)
+    plan = placement(config.cardinalities, comm.size, config.dynamic)
     dot = select_dot_implementation(dot_request, FLAGS.cpu,
                                     xla=FLAGS.xla and FLAGS.mode == "train",
                                     export=FLAGS.mode == "deploy")

@@ -20,8 +20,11 @@ class DLRMTask:
         self.model = model
         self.dense_variables = model.dense_variables()
         replicated = {var.ref() for var in model.embeddings.replicated_variables.values()}
+        shared_rare_row = {model.embeddings.table_variable(t).ref(): f"rare_row_grad_table_{t}"
+                           for t in model.embeddings.dynamic if t in model.plan.row_wise}
         # the key of a replicated table is its table id; of a model-parallel piece, the piece
-        self.tables = [TableGradient(piece, var, var.ref() in replicated)
+        self.tables = [TableGradient(piece, var, var.ref() in replicated,
+                                     row_zero_sum=shared_rare_row.get(var.ref(), ""))
                        for piece, var in model.embeddings.all_variables() if var.trainable]
         plan = model.plan
         exchanged = plan.world_size > 1 and any(p.table not in plan.row_wise for p in plan.pieces)

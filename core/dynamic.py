@@ -34,9 +34,13 @@ NO_ROW = -1
 class DynamicTable(tf.Module):
     """The id -> row map of one dynamic table of `capacity` rows (row 0 the rare row)."""
 
-    def __init__(self, capacity: int, spec: DynamicSpec = DynamicSpec(), name="dynamic"):
+    def __init__(self, capacity: int, spec: DynamicSpec = DynamicSpec(), name="dynamic",
+                 table_rows: int = None):
+        """table_rows: the whole table's rows when this map holds one rank's share of them
+        (new rows are drawn at the whole table's initial scale); default `capacity`."""
         super().__init__(name=name)
         self.capacity, self.spec = int(capacity), spec
+        self.table_rows = int(table_rows or capacity)
         with self.name_scope:
             self.rows = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, NO_ROW)
             self.pending = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, 0)
@@ -126,15 +130,16 @@ class DynamicTable(tf.Module):
         return tf.cast(oldest, tf.int64)
 
     def redraw(self, table, rows, seed: int) -> None:
-        """Draw `rows` of `table` again, uniform in +-sqrt(1/capacity) as every table starts;
-        a stateless draw keyed by (seed, batch clock), so a resumed run draws the same."""
-        bound = tf.sqrt(1.0 / self.capacity)
+        """Draw `rows` of `table` again, uniform in +-sqrt(1/table_rows) as every table starts.
+        Each row's values are a hash of (seed, batch clock, its id, column): the same whatever
+        the row, the order of admission or the rank that owns the id, and again the same for
+        a resumed run."""
+        bound = tf.sqrt(1.0 / self.table_rows)
 
         def draw():
-            values = tf.random.stateless_uniform(
-                [tf.size(rows), tf.shape(table)[1]],
-                tf.stack([tf.cast(seed, tf.int64), self.clock]), -bound, bound)
-            table.scatter_update(tf.IndexedSlices(tf.cast(values, table.dtype), rows))
+            ids = tf.gather(self.row_ids, rows)
+            values = keyed_uniform(ids, tf.shape(table)[1], seed, self.clock) * 2.0 - 1.0
+            table.scatter_update(tf.IndexedSlices(tf.cast(values * bound, table.dtype), rows))
             return tf.constant(True)
         tf.cond(tf.size(rows) > 0, draw, lambda: tf.constant(False))
 
@@ -162,3 +167,30 @@ class DynamicTable(tf.Module):
         for var, value in zip((self.allocated, self.clock, self.admissions, self.evictions),
                               state["counters"]):
             var.assign(int(value))
+
+
+_GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+def splitmix64(z):
+    """SplitMix64's finaliser on uint64 tensors (multiplications wrap modulo 2**64)."""
+    z = z + tf.constant(_GOLDEN, tf.uint64)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(30, tf.uint64)))
+    z = z * tf.constant(_MIX1, tf.uint64)
+    z = tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(27, tf.uint64)))
+    z = z * tf.constant(_MIX2, tf.uint64)
+    return tf.bitwise.bitwise_xor(z, tf.bitwise.right_shift(z, tf.constant(31, tf.uint64)))
+
+
+def keyed_uniform(ids, width, seed: int, clock):
+    """[len(ids), width] floats in [0, 1), a pure function of (seed, clock, id, column) with
+    24 random bits each."""
+    salt = splitmix64(tf.bitcast(tf.stack([tf.cast(seed, tf.int64),
+                                            tf.cast(clock, tf.int64)]), tf.uint64))
+    key = splitmix64(tf.bitwise.bitwise_xor(tf.bitcast(tf.cast(ids, tf.int64), tf.uint64),
+                                             salt[0]))
+    key = splitmix64(tf.bitwise.bitwise_xor(key, salt[1]))
+    columns = tf.cast(tf.range(width), tf.uint64)
+    bits = splitmix64(key[:, None] + columns[None, :])
+    return tf.cast(tf.bitwise.right_shift(bits, tf.constant(40, tf.uint64)), tf.float32) \
+        / float(1 << 24)

@@ -53,8 +53,13 @@ def _piece_file(piece, slot: str = "") -> str:
 
 
 def _dynamic_file(table: int) -> str:
-    """A dynamic table's id -> row map, pending counts and counters (core/dynamic.py)."""
+    """A dynamic table's id -> row map, pending counts and counters (core/dynamic.py), its
+    rows those of table_<t>.npy (a rank's share is saved as its rows of the whole table)."""
     return f"dynamic_{table}.npz"
+
+
+def _share_file(table: int, rank: int) -> str:
+    return f"dynamic_{table}_share_{rank}.npz"
 
 
 def _table_file(table: int, slot: str = "") -> str:
@@ -121,6 +126,12 @@ def _save_own_arrays(tmp: str, path: str, trainer) -> None:
         for slot, v in named.items():
             np.save(os.path.join(tmp, _piece_file(piece, slot)),
                     _finite(f"table {piece.table}{' ' + slot if slot else ''}", v.numpy(), path))
+    for table, dynamic in model.embeddings.dynamic.items():
+        state = dynamic.state()
+        row_start = next((p.row_start for p in model.embeddings.local_pieces
+                          if p.table == table), 0)
+        state["rows"] = state["rows"] + row_start
+        np.savez(os.path.join(tmp, _share_file(table, comm.rank)), **state)
     if comm.rank != 0:
         return
     for table, var in model.embeddings.replicated_variables.items():
@@ -134,8 +145,6 @@ def _save_own_arrays(tmp: str, path: str, trainer) -> None:
         for slot, slot_var in optimizer.slots(name).items():
             dense[f"{name}/{slot}"] = _finite(f"{name}/{slot}", slot_var.numpy(), path)
     np.savez(os.path.join(tmp, "dense.npz"), **dense)
-    for table, dynamic in model.embeddings.dynamic.items():
-        np.savez(os.path.join(tmp, _dynamic_file(table)), **dynamic.state())
 
 
 def _meta(trainer, position: dict) -> dict:
@@ -160,6 +169,9 @@ def _finish(staged: StagedDirectory, plan, optimizer, meta: dict) -> None:
             continue
         for slot in [""] + list(optimizer.slot_names):
             _join_pieces(staged.tmp_dir, plan, table, slot)
+    for table, dynamic in enumerate(meta["model"]["dynamic"] or ()):
+        if dynamic:
+            _join_shares(staged.tmp_dir, table, meta["saved_world_size"])
     _write_meta(staged.tmp_dir, meta)
     staged.publish()
 
@@ -183,6 +195,23 @@ def _join_pieces(directory: str, plan, table: int, slot: str) -> None:
                 src[start:stop]
     out.flush()
     del out, sources
+    for f in files:
+        os.unlink(f)
+
+
+def _join_shares(directory: str, table: int, world_size: int) -> None:
+    """One map of a dynamic table from every rank's share (rows already those of the whole
+    table; each share's row -> id and last use fill its rows, in rank order)."""
+    files = [os.path.join(directory, _share_file(table, r)) for r in range(world_size)]
+    shares = [dict(np.load(f)) for f in files]
+    joined = {key: np.concatenate([s[key] for s in shares])
+              for key in ("keys", "rows", "pending_keys", "pending_counts", "row_ids",
+                          "last_used")}
+    counters = np.array([s["counters"] for s in shares])
+    # allocated rows, clock (the same on every rank), admissions, evictions
+    joined["counters"] = np.array([counters[:, 0].sum(), counters[:, 1].max(),
+                                   counters[:, 2].sum(), counters[:, 3].sum()])
+    np.savez(os.path.join(directory, _dynamic_file(table)), **joined)
     for f in files:
         os.unlink(f)
 
@@ -292,23 +321,66 @@ def restore(path: str, trainer) -> dict:
                 for slot, slot_var in optimizer.slots(name).items():
                     slot_var.assign(dense[f"{name}/{slot}"])
     table_keys = {var.ref(): f"table/{i}" for i, (_, var) in enumerate(trainer.table_pairs)}
-    for piece, var in model.embeddings.all_variables():
+    embeddings = model.embeddings
+    for piece, var in embeddings.all_variables():
         if isinstance(piece, int):  # replicated table: whole
             piece = TablePiece(piece, model.plan.cardinalities[piece], 0, model.plan.dim, 0)
+        slots = optimizer.slots(table_keys.get(var.ref(), "")) if same_optimizer else {}
+        if piece.table in embeddings.dynamic:
+            _restore_share(path, piece.table, embeddings.dynamic[piece.table], var, slots,
+                           embeddings.comm)
+            continue
         var.assign(_read_piece(os.path.join(path, _table_file(piece.table)), piece))
-        if same_optimizer:
-            for slot, slot_var in optimizer.slots(table_keys.get(var.ref(), "")).items():
-                slot_var.assign(_read_piece(os.path.join(path, _table_file(piece.table, slot)),
-                                            piece))
-    for table, dynamic in model.embeddings.dynamic.items():
-        dynamic_file = os.path.join(path, _dynamic_file(table))
-        with _unreadable_as_error(dynamic_file), np.load(dynamic_file) as state:
-            dynamic.load(dict(state))
+        for slot, slot_var in slots.items():
+            slot_var.assign(_read_piece(os.path.join(path, _table_file(piece.table, slot)),
+                                        piece))
     iterations = getattr(optimizer, "iterations", None)
     if iterations is not None and same_optimizer:
         iterations.assign(meta["optimizer_iterations"])
     _restore_loss_scale(getattr(trainer, "loss_scale", None), meta)
     return meta["position"]
+
+
+def _restore_share(path: str, table: int, dynamic, var, slots: dict, comm) -> None:
+    """This rank's share of a dynamic table from the checkpoint's one map, for any world
+    size: the ids this rank owns (core.parallel.rows.hash_owner), in the order of their saved
+    rows, take rows 1, 2, ... (so least-recently-used ties break as before); row 0 is the
+    rare row."""
+    from core.parallel.rows import hash_owner  # TensorFlow: only when restoring
+    dynamic_file = os.path.join(path, _dynamic_file(table))
+    with _unreadable_as_error(dynamic_file), np.load(dynamic_file) as saved:
+        saved = dict(saved)
+    mine = hash_owner(comm.size)(saved["keys"]).numpy() == comm.rank
+    keys, rows = saved["keys"][mine], saved["rows"][mine]
+    order = np.argsort(rows, kind="stable")
+    keys, rows = keys[order], rows[order]
+    if len(keys) > dynamic.capacity - 1:
+        raise CheckpointError(f"checkpoint {path}: dynamic table {table} holds {len(keys):,d} "
+                              f"ids for rank {comm.rank} of {comm.size}, more than its share "
+                              f"of {dynamic.capacity - 1:,d} rows: resume on more processes")
+    taken = np.concatenate([[0], rows])
+    for name, target in {"": var, **slots}.items():
+        values = target.numpy()
+        values[:len(taken)] = _read_rows(os.path.join(path, _table_file(table, name)), taken)
+        target.assign(values)
+    pending = hash_owner(comm.size)(saved["pending_keys"]).numpy() == comm.rank
+    row_ids = np.zeros(dynamic.capacity, np.int64)
+    row_ids[1:len(taken)] = keys
+    last_used = np.full(dynamic.capacity, -1, np.int64)
+    last_used[:len(taken)] = saved["last_used"][taken]
+    allocated, clock, admissions, evictions = saved["counters"]
+    counters = [len(keys), clock] + ([admissions, evictions] if comm.rank == 0 else [0, 0])
+    dynamic.load({"keys": keys, "rows": np.arange(1, len(taken), dtype=np.int64),
+                  "pending_keys": saved["pending_keys"][pending],
+                  "pending_counts": saved["pending_counts"][pending],
+                  "row_ids": row_ids, "last_used": last_used, "counters": np.array(counters)})
+
+
+def _read_rows(file: str, rows: np.ndarray) -> np.ndarray:
+    if not os.path.isfile(file):
+        raise CheckpointError(f"checkpoint file missing: {file}")
+    with _unreadable_as_error(file):
+        return np.asarray(np.load(file, mmap_mode="r")[rows])
 
 
 def _restore_loss_scale(scaler, meta: dict) -> None:

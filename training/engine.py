@@ -60,6 +60,8 @@ class TableGradient:
     replicated: bool  # every rank holds it: its gradient rows are summed across ranks
     distinct_rows: bool = False  # the lookup deduplicates ids: a rank's gradient holds
     #                              each row once (until rows are gathered across ranks)
+    row_zero_sum: str = ""  # a dynamic table's share, whose rare row 0 is a copy on every
+    #                         rank: the name of its gradient's sum across ranks ("": none)
 
 
 @dataclass(frozen=True)
@@ -199,9 +201,30 @@ class Trainer:
     def _table_gradient(self, table: TableGradient, grad):
         if table.replicated:
             grad = self.comm.allreduce_sum(grad, name=replicated_gradient_name(table.key))
+        if table.row_zero_sum:
+            grad = self._row_zero_summed(table.row_zero_sum, grad)
         if not isinstance(grad, tf.IndexedSlices):
             grad = tf.IndexedSlices(grad, tf.range(tf.shape(grad)[0]))
         return grad
+
+    def _row_zero_summed(self, name, grad):
+        """The gradient rows of a dynamic table's share with row 0's summed across ranks: one
+        entry when any rank read row 0 this step, none otherwise (as one process updates the
+        rare row only on steps that read it)."""
+        grad = grad if isinstance(grad, tf.IndexedSlices) else \
+            tf.IndexedSlices(grad, tf.range(tf.shape(grad)[0], dtype=tf.int64))
+        zero = tf.equal(grad.indices, 0)
+        values = tf.cast(tf.boolean_mask(grad.values, zero), tf.float32)
+        total = tf.concat([tf.reduce_sum(values, 0),
+                           [tf.cast(tf.shape(values)[0], tf.float32)]], 0)
+        total = self.comm.allreduce_sum(total, name=name)
+        read = total[-1:] > 0
+        return tf.IndexedSlices(
+            tf.concat([tf.boolean_mask(grad.values, ~zero),
+                       tf.boolean_mask(tf.cast(total[None, :-1], grad.values.dtype), read)], 0),
+            tf.concat([tf.boolean_mask(grad.indices, ~zero),
+                       tf.boolean_mask(tf.zeros([1], grad.indices.dtype), read)], 0),
+            grad.dense_shape)
 
     def _all_finite(self, grads):
         """True on every rank, or on none: the count of non-finite values is summed."""
@@ -240,6 +263,7 @@ class Trainer:
         names = list(self.task.lookup_collectives)
         names += [dense_gradient_name(name) for name in self.dense_vars]
         names += [replicated_gradient_name(t.key) for t in self.trained_tables if t.replicated]
+        names += [t.row_zero_sum for t in self.trained_tables if t.row_zero_sum]
         return names + (["nonfinite_count"] if self.loss_scale.dynamic else []) + ["loss"]
 
     def train_step(self, batch, step: int):

@@ -209,9 +209,12 @@ class PlacementPlan:
 
 def make_plan(cardinalities, dim: int, world_size: int = 1, column_slice_threshold: int = 0,
               data_parallel_threshold: int = 0, sharding: str = "auto",
-              memory_budget_bytes: int = 0) -> PlacementPlan:
+              memory_budget_bytes: int = 0, hashed_tables=()) -> PlacementPlan:
     """Placement of tables on ranks (see the module docstring). Thresholds count elements
-    (rows x dim) and apply under `auto`; 0 turns slicing / replication / the budget off."""
+    (rows x dim) and apply under `auto`; 0 turns slicing / replication / the budget off.
+    hashed_tables: tables whose ids are dealt to ranks by a hash (dynamic tables, of which a
+    rank holds a share of the rows, one of them its copy of the rare row): row-wise on
+    several ranks whatever `sharding` says, with at least two rows per rank."""
     if world_size < 1:
         raise PlanError(f"world size must be >= 1, found {world_size}")
     if sharding not in SHARDING_KINDS:
@@ -222,6 +225,11 @@ def make_plan(cardinalities, dim: int, world_size: int = 1, column_slice_thresho
     cardinalities = tuple(int(c) for c in cardinalities)
     kinds = [_kind(rows, dim, world_size, sharding, column_slice_threshold,
                    data_parallel_threshold) for rows in cardinalities]
+    for table in hashed_tables if world_size > 1 else ():
+        if cardinalities[table] < 2 * world_size:
+            raise PlanError(f"dynamic table {table} has {cardinalities[table]} rows: "
+                            f"{world_size} ranks need at least 2 rows each")
+        kinds[table] = ("row_wise", 0)
     placer = _Placer(cardinalities, dim, world_size, memory_budget_bytes, sharding == "auto")
     for table, (kind, _) in enumerate(kinds):
         if kind == "data_parallel":

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from core.dynamic import splitmix64
+
 
 def routed_lookup(comm, variables, ids, owner_of, local_row_of, name: str):
     """Vectors [*ids.shape, width] of ids (any shape) from each table of `variables` (a list
@@ -38,6 +40,16 @@ def range_owner(row_starts):
 
     def owner_of(ids):
         return tf.cast(tf.searchsorted(starts, ids[None], side="right")[0] - 1, tf.int32)
+    return owner_of
+
+
+def hash_owner(world_size: int):
+    """owner_of for dynamic tables: an id's rank is a hash of the id, so any int64 id has an
+    owner and consecutive or strided ids spread evenly."""
+    def owner_of(ids):
+        hashed = tf.bitwise.right_shift(splitmix64(tf.bitcast(tf.cast(ids, tf.int64), tf.uint64)),
+                                        tf.constant(33, tf.uint64))
+        return tf.cast(tf.math.floormod(tf.cast(hashed, tf.int64), world_size), tf.int32)
     return owner_of
 
 
