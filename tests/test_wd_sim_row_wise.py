@@ -6,6 +6,7 @@ on 2 processes (one epoch, saved) and, resumed from that checkpoint, on 3 proces
 the SavedModel a split model exports serves like the one-process model's; --sharding
 column_wise is one error line."""
 import os
+import re
 import shutil
 import sys
 
@@ -115,10 +116,16 @@ WD_FLAGS = ["--cpu", "--global_batch_size", "256", "--eval_batch_size", "512",
 @pytest.fixture(scope="module")
 def wd_runs(tmp_path_factory):
     """Two epochs in one process; the first epoch on 2 processes (its checkpoint saved at the
-    epoch's end); the second epoch resumed from that checkpoint on 3 processes and on 1."""
+    epoch's end); the second epoch resumed from that checkpoint on 3 processes and on 1.
+    Feature onehot_2 has 2 rows: split by rows on 2 processes, whole on one of 3 (the
+    others hold none of its rows)."""
     from test_wd_training import make_dataset
+    from wide_and_deep import generate_feature_spec
     from wide_and_deep.main import main
     base = tmp_path_factory.mktemp("wd_row_wise")
+    assert generate_feature_spec.main(["--dst", str(base / "spec.yaml"), "--onehot",
+                                       "40:8,30:4,2:4", "--multihot", "20:4",
+                                       "--num_numerical", "3"]) == 0
     data = make_dataset(str(base), "data", 3.0, train_rows=1280, test_rows=512)
 
     def args(name, epochs):
@@ -129,13 +136,15 @@ def wd_runs(tmp_path_factory):
     for name in ("resumed1", "resumed3"):
         shutil.copytree(base / "first2" / "model" / "checkpoint",
                         base / name / "model" / "checkpoint")
-    launch(3, "wide_and_deep.main", args("resumed3", 2) + ["--use_checkpoint"])
+    plan = launch(3, "wide_and_deep.main", args("resumed3", 2) + ["--use_checkpoint"]).stdout
     assert main(args("resumed1", 2) + ["--use_checkpoint"]) == 0
-    return base, data
+    return base, data, plan
 
 
 def test_wide_deep_row_wise_on_2_and_3_processes_equals_1(wd_runs):
-    base, _ = wd_runs
+    base, _, plan = wd_runs
+    assert re.search(r"onehot_1 +30 +5 +row_wise +all 3 ", plan), plan
+    assert re.search(r"onehot_2 +2 +5 +table_wise +0 ", plan), plan
     assert_same_steps(base / "first2" / "log.json", base / "full1" / "log.json", range(1, 6))
     assert_same_steps(base / "resumed3" / "log.json", base / "full1" / "log.json", range(6, 11))
     one = losses(base / "full1" / "log.json")
@@ -143,7 +152,7 @@ def test_wide_deep_row_wise_on_2_and_3_processes_equals_1(wd_runs):
 
 
 def test_wide_deep_checkpoint_of_2_processes_resumes_on_1(wd_runs):
-    base, _ = wd_runs
+    base, _, _ = wd_runs
     assert_same_steps(base / "resumed1" / "log.json", base / "full1" / "log.json", range(6, 11))
     full, resumed = (np.load(base / n / "model" / "checkpoint" / "arrays.npz")
                      for n in ("full1", "resumed3"))
@@ -155,7 +164,7 @@ def test_wide_deep_checkpoint_of_2_processes_resumes_on_1(wd_runs):
 def test_wide_deep_split_model_exports_the_whole_model(wd_runs):
     import pandas as pd
     import tensorflow as tf
-    base, data = wd_runs
+    base, data, _ = wd_runs
     test = pd.read_parquet(os.path.join(data, "test")).iloc[:64]
     features = {c: tf.constant(test[c].to_numpy(), tf.float32 if c.startswith("num") else
                                tf.int64) for c in test if c.startswith(("num", "onehot"))}
@@ -227,13 +236,15 @@ def test_column_wise_is_one_error_line(tmp_path, capsys):
     from test_wd_training import make_dataset
     from wide_and_deep.main import main
     wd = make_dataset(str(tmp_path), "wd", 0.0, train_rows=300, test_rows=100)
-    assert main(["--dataset_path", wd, "--cpu", "--sharding", "column_wise"]) == 2
+    assert main(["--dataset_path", wd, "--cpu", "--sharding", "column_wise", "--results_dir",
+                 str(tmp_path / "r"), "--model_dir", str(tmp_path / "m")]) == 2
     errors = [capsys.readouterr().err.strip()]
     from sim.synthetic import write
     write(str(tmp_path / "sim"), users=20, items=20, categories=4, history_length=100,
           signal="none", seed=0)
     with pytest.raises(SystemExit) as status:
-        run_main(["--dataset_dir", str(tmp_path / "sim"), "--cpu", "--sharding", "column_wise"])
+        run_main(["--dataset_dir", str(tmp_path / "sim"), "--cpu", "--sharding", "column_wise",
+                  "--results_dir", str(tmp_path / "r")])
     assert status.value.code == 2
     errors.append(capsys.readouterr().err.strip())
     for error in errors:
