@@ -1,7 +1,7 @@
 """SIM, DIEN and DIN on TFRecord data: train (test AUC every epoch) or benchmark inference.
 
   python -m sim.main --dataset_dir DATA --cpu
-  horovodrun -np 2 -H localhost:2 python -m sim.main --dataset_dir DATA --cpu
+  horovodrun -np 2 -H localhost:2 python -m sim.main --dataset_dir DATA --cpu [--sharding row_wise]
 """
 from __future__ import annotations
 
@@ -22,13 +22,15 @@ from core.cli import run_cli
 from core.dllog import DLLogger
 from core.feature_spec import DynamicSpec
 from core.parallel.comm import make_communicator
+from core.parallel.placement import (ROUTED_REPLICATED_ELEMENTS, SHARDING_KINDS,
+                                     describe_routed_tables, plan_routed_tables)
 from core.pipelines import DictPipeline, MappedPipeline, reader_errors_surfaced
 from core.sources import load_spec
 from sim import export
 from sim.contract import SIM_CONTRACT
 from sim.data import model_shape, open_mapping
 from sim.model import SimConfig, SimModel
-from sim.trainer import SimTrainer, step_batch
+from sim.trainer import SimTrainer, model_variables, step_batch
 from training import checkpoint, loop
 from training.engine import DEFAULT_DIVERGENCE_FACTOR
 from training.export import export_saved_model
@@ -53,6 +55,12 @@ flags.DEFINE_list("dynamic_features", [], "Features (or 'all') whose tables lear
                   "(open vocabulary; an item feature's target and histories share its map)")
 flags.DEFINE_integer("dynamic_min_count", 1, "--dynamic_features: occurrences before an id "
                      "gets a row of its own", lower_bound=1)
+flags.DEFINE_enum("sharding", "auto", list(SHARDING_KINDS), "Where the tables live under "
+                  "several processes: data_parallel (every process holds every table), "
+                  "row_wise (each table's rows split over the processes), table_wise (whole "
+                  "tables spread over them), auto (tables of up to "
+                  f"{ROUTED_REPLICATED_ELEMENTS:,d} elements data_parallel, larger ones "
+                  "row_wise); column_wise is refused")
 flags.DEFINE_enum("table_updates", "lazy", ["lazy", "dense"], "lazy: the optimizer updates "
                   "the table rows a batch looks up (moments included); dense: every row each "
                   "step, as the reference's AdamW on dense table gradients (slower)")
@@ -134,7 +142,7 @@ def resolve_seed() -> int:
     return F.seed
 
 
-def build(spec, comm):
+def build(spec, comm, logger):
     config = SimConfig(**model_shape(spec), model_type=F.model_type,
                        long_seq_length=F.long_seq_length, embedding_dim=F.embedding_dim,
                        stage_one_mlp_dims=_ints(F.stage_one_mlp_dims),
@@ -144,10 +152,32 @@ def build(spec, comm):
                        item_item_interaction=F.item_item_interaction,
                        architecture=F.architecture)
     optimizer = "adam" if F.optimizer == "lazy_adam" else F.optimizer
-    trainer = SimTrainer(SimModel(config), comm, optimizer, F.lr, F.weight_decay, F.amp,
-                         F.xla, F.seed, F.divergence_factor, F.table_updates)
-    comm.broadcast_variables(list(trainer.variables().values()))
+    names, rows = zip(*config.table_rows())
+    widths = [config.embedding_dim] * len(rows)
+    placement = plan_routed_tables(rows, widths, comm.size, F.sharding)
+    if comm.size > 1:
+        logger.print(describe_routed_tables(names, placement, widths, comm.size))
+    trainer = SimTrainer(SimModel(config, placement=placement, comm=comm), comm, optimizer,
+                         F.lr, F.weight_decay, F.amp, F.xla, F.seed, F.divergence_factor,
+                         F.table_updates)
+    split = trainer.row_ranges()
+    comm.broadcast_variables([v for n, v in trainer.variables().items() if n not in split])
     return trainer
+
+
+def whole_model(trainer, comm):
+    """The trained model with every table whole, on rank 0 (None elsewhere): the model, or,
+    when tables are split over the ranks, a copy of it with their rows gathered."""
+    model = trainer.model
+    if not model.routed_tables():
+        return model if comm.rank == 0 else None
+    arrays = checkpoint.gathered_arrays(trainer.variables(), trainer.row_ranges(), comm)
+    if comm.rank != 0:
+        return None
+    whole = SimModel(model.config)
+    for name, var in model_variables(whole).items():
+        var.assign(arrays[name])
+    return whole
 
 
 def _ints(values):
@@ -181,7 +211,7 @@ def loop_config():
 
 
 def run(spec, comm, logger):
-    trainer = build(spec, comm)
+    trainer = build(spec, comm, logger)
     position = {"epoch": 0, "step": 0}
     if F.load_checkpoint_path:
         position = checkpoint.restore_replica(
@@ -190,7 +220,7 @@ def run(spec, comm, logger):
             # fields older checkpoints lack
             dynamic_tables=trainer.model.dynamic,
             model_defaults={"dynamic": [], "item_item_interaction": "activation_unit",
-                            "architecture": "compact"})
+                            "architecture": "compact"}, row_ranges=trainer.row_ranges())
     train, test = pipelines(spec, comm)
     if F.mode == "inference":
         loop.log_result(logger, "inference", loop.benchmark_inference(
@@ -201,13 +231,14 @@ def run(spec, comm, logger):
         def save(position):
             checkpoint.save_replica(F.save_checkpoint_path, trainer.named_state(), comm,
                                     position, trainer.model.config.checkpoint_shape(),
-                                    trainer.optimizer, trainer.model.dynamic)
+                                    trainer.optimizer, trainer.model.dynamic,
+                                    trainer.row_ranges())
             return F.save_checkpoint_path
     loop.train(trainer, train, lambda: loop.evaluate(trainer, test()), logger, loop_config(),
                position, save)
-    if F.export_path and comm.rank == 0:
-        export_saved_model(trainer.model, *export.serving(trainer.model, spec), F.export_path,
-                           "sim_serving")
+    model = whole_model(trainer, comm) if F.export_path else None
+    if model is not None:
+        export_saved_model(model, *export.serving(model, spec), F.export_path, "sim_serving")
 
 
 def main(argv):

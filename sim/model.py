@@ -43,17 +43,24 @@ from __future__ import annotations
 import dataclasses
 
 from dataclasses import dataclass
+from types import MappingProxyType
 
 import tensorflow as tf
 
 from core.dynamic import DynamicTable
 from core.layers import MLP, table_variable
+from core.parallel.rows import range_lookup
 from sim import blocks
 
 MODEL_TYPES = ("sim", "dien", "din")
 ITEM_INTERACTIONS = ("dot", "activation_unit")
 ARCHITECTURES = ("reference", "compact")
 STATE_WIDTH_PER_EMBEDDING = 6  # NVIDIA's GRU/AUGRU width: 6 x embedding_dim
+
+
+def routed_lookup_name(table: str) -> str:
+    """Names the routed lookup (its collectives, core/parallel/rows.py) of a split table."""
+    return f"routed_{table}"
 
 
 class SimConfigError(ValueError):
@@ -106,6 +113,12 @@ class SimConfig:
     def short_length(self) -> int:
         return self.history_length - self.long_seq_length
 
+    def table_rows(self) -> list:
+        """(name, rows) of every table: the user tables, then the item tables; a table has a
+        row per id and row 0, the padding."""
+        return ([(f"user_table_{t}", n + 1) for t, n in enumerate(self.user_cardinalities)]
+                + [(f"item_table_{t}", n + 1) for t, n in enumerate(self.item_cardinalities)])
+
     def checkpoint_shape(self) -> dict:
         """The fields that decide the variables, architecture included (a checkpoint records
         them); DIEN's attention does not depend on item_item_interaction."""
@@ -142,15 +155,26 @@ class SimConfig:
 
 
 class SimModel(tf.Module):
-    def __init__(self, config: SimConfig, name="sim_model"):
+    def __init__(self, config: SimConfig, name="sim_model", placement=None, comm=None):
+        """placement: per table (user tables, then item tables) a RoutedTable
+        (core/parallel/placement.py, plan_routed_tables; None: every table whole): a table
+        split over the ranks holds this rank's (`comm`) rows and is read by routed lookups."""
         super().__init__(name=name)
         self.config = c = config.validate()
+        self.comm = comm
+        self.placement = {n: p for (n, _), p in zip(c.table_rows(), placement or ())
+                          if p.sharded}
         self._dense = {}  # checkpoint prefix -> block, in creation order
         with self.name_scope:
             self.user_tables = [self._table(n + 1, t, f"user_table_{t}")
                                 for t, n in enumerate(c.user_cardinalities)]
             self.item_tables = [self._table(n + 1, 100 + t, f"item_table_{t}")
                                 for t, n in enumerate(c.item_cardinalities)]
+            # a split table's variable -> (its name, its row bounds); a read-only view, which
+            # tf.Module does not walk for variables
+            self._routed = MappingProxyType({
+                table.ref(): (n, self.placement[n].bounds)
+                for n, table in self.tables().items() if n in self.placement})
             # a dynamic table's rows: its cardinality + 1 as a static one's; row 0 is both
             # the padding and the rare row (padding is masked wherever it is read)
             names = list(self.tables())
@@ -232,7 +256,27 @@ class SimModel(tf.Module):
             c.item_width if c.model_type == "sim" and c.dot else 0)
 
     def _table(self, rows: int, key: int, name: str):
-        return table_variable(rows, self.config.embedding_dim, self.config.seed, key, name=name)
+        start, stop = self.placement[name].rows_on(self.comm.rank) if name in self.placement \
+            else (0, rows)
+        return table_variable(rows, self.config.embedding_dim, self.config.seed, key, name=name,
+                              row_start=start, row_stop=stop)
+
+    def routed_tables(self) -> list:
+        """The names of the tables split over the ranks, in table order."""
+        return list(self.placement)
+
+    def rows_held(self, name: str) -> tuple:
+        """(row_start, row_stop, rows) of the rows of a split table this rank holds."""
+        rows = self.placement[name].rows
+        return (*self.placement[name].rows_on(self.comm.rank), rows)
+
+    def _read(self, table, ids):
+        """table's rows at ids: from this rank's variable, or, for a table split over the
+        ranks, from the ranks holding them (one routed lookup per table and step)."""
+        if table.ref() not in self._routed:
+            return tf.nn.embedding_lookup(table, ids)
+        name, bounds = self._routed[table.ref()]
+        return range_lookup(self.comm, bounds, [table], ids, routed_lookup_name(name))[0]
 
     def tables(self) -> dict:
         out = {f"user_table_{t}": v for t, v in enumerate(self.user_tables)}
@@ -297,7 +341,7 @@ class SimModel(tf.Module):
         """_shared_lookup when training; without gradients (prediction) a plain gather per
         feature and part is cheaper: the same values without finding the distinct ids
         (at batch 4096, half of DIN's lookup time)."""
-        if deduplicate:
+        if deduplicate or self._routed:  # a split table is read once, at distinct ids
             return self._shared_lookup(tables, ids_per_feature)
         return [tf.concat([tf.nn.embedding_lookup(table, ids_per_feature[f][part])
                            for f, table in enumerate(tables)], -1)
@@ -317,7 +361,7 @@ class SimModel(tf.Module):
         for table, id_tensors in zip(tables, ids_per_feature):
             flat = tf.concat([tf.reshape(ids, [-1]) for ids in id_tensors], 0)
             distinct, position = tf.unique(flat)
-            rows.append(tf.nn.embedding_lookup(table, distinct))
+            rows.append(self._read(table, distinct))
             positions.append(position + offset)
             offset += tf.shape(distinct)[0]
         stacked = blocks.gather_rows(tf.concat(rows, 0), tf.stack(positions, 1))  # [N, F, dim]

@@ -1,8 +1,9 @@
 """SIM/DIEN/DIN as a client of the training engine (training/engine.py): the lookups give
 the embedded user, target and history tensors (the masks ride along untouched), the dense
 part is the model's forward with its auxiliary and search-stage losses, one optimizer (Adam
-with decoupled weight decay, or SGD) with a constant rate. Every rank holds the whole model,
-so every table's gradient rows are summed across ranks.
+with decoupled weight decay, or SGD) with a constant rate. A table every rank holds whole has
+its gradient rows summed across ranks; a table split over the ranks (--sharding) is read by a
+routed lookup, whose backward pass brings its gradient rows to the rank holding them.
 """
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ import tensorflow as tf
 
 from core.optimizers import make_optimizer
 from core.pipelines import DictPipeline
+from core.parallel.rows import collective_names
 from sim.data import model_inputs
+from sim.model import routed_lookup_name
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
-from training.checkpoint import with_slots
+from training.checkpoint import slot_row_ranges, with_slots
 from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
 
 # the embedded tensors that depend on tables (the rest of lookup()'s output are masks)
@@ -37,14 +40,17 @@ def step_batch(spec, batch: dict) -> tuple:
 
 class SimTask:
     """A batch is (inputs, label, global_rows) (step_batch)."""
-    lookup_collectives = ()
 
     def __init__(self, model, seed: int):
         self.model, self.seed = model, seed
         self.dense_variables = model.dense_variables()
-        # every lookup reads a table at the batch's distinct ids (SimModel._shared_lookup)
-        self.tables = [TableGradient(n, v, True, distinct_rows=True)
+        # every lookup reads a table at the batch's distinct ids (SimModel._shared_lookup);
+        # a split table's gradient holds every rank's distinct ids
+        routed = model.routed_tables()
+        self.tables = [TableGradient(n, v, n not in routed, distinct_rows=n not in routed)
                        for n, v in model.tables().items()]
+        self.lookup_collectives = [c for n in routed
+                                   for c in collective_names(routed_lookup_name(n))]
 
     def lookup(self, batch):
         looked_up = self.model.lookup(batch[0])
@@ -117,10 +123,26 @@ class SimTrainer(Trainer):
                          divergence_hint="Lower --lr.", divergence_factor=divergence_factor)
 
     def variables(self) -> dict:
-        return {**{f"dense/{k}": v for k, v in self.dense.items()},
-                **{f"table/{k}": v for k, v in self.tables.items()}}
+        return model_variables(self.model)
 
     def named_state(self) -> dict:
         """variables() and the optimizer's slots, keyed by the name without its dense/ or
         table/ prefix."""
-        return with_slots(self.variables(), self.optimizer, lambda n: n.split("/", 1)[1])
+        return with_slots(self.variables(), self.optimizer, slot_key)
+
+    def row_ranges(self) -> dict:
+        """{name: (row_start, row_stop, rows)} of the named_state entries that hold a row
+        range of a table split over the ranks (training/checkpoint.py)."""
+        return slot_row_ranges({f"table/{n}": self.model.rows_held(n)
+                                for n in self.model.routed_tables()}, self.optimizer, slot_key)
+
+
+def model_variables(model) -> dict:
+    """A model's variables by checkpoint name: dense/<name>, table/<name>."""
+    return {**{f"dense/{k}": v for k, v in model.dense_variables().items()},
+            **{f"table/{k}": v for k, v in model.tables().items()}}
+
+
+def slot_key(name: str) -> str:
+    """The optimizer's name of a variables() entry: without its dense/ or table/ prefix."""
+    return name.split("/", 1)[1]

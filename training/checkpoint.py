@@ -412,22 +412,30 @@ def _unreadable_as_error(file: str):
         raise CheckpointError(f"checkpoint file {file} is unreadable ({e})") from None
 
 
-# ---- whole-model checkpoints of data-parallel families (Wide & Deep, SIM) ----------------
+# ---- whole-model checkpoints of Wide & Deep and SIM -----------------------------------------
+# Every array is whole in the checkpoint, so any world size resumes it. Tables split by rows
+# over the ranks (row_ranges: {name: (row_start, row_stop, rows)} of the state entries that
+# hold rows row_start..row_stop of a `rows`-row array, the ranks' ranges contiguous in rank
+# order) are gathered to rank 0 when saved, and each rank reads its rows back at restore.
 ARRAYS_FILE = "arrays.npz"
 
 
 def save_arrays(path: str, arrays: dict, meta: dict, comm) -> None:
     """Rank 0 writes {name: array} and meta into a staged directory, then swaps it in for the
-    previous checkpoint, which stays until the new one is complete. Every rank holds the
-    same replica, so the checkpoint does not depend on the world size, and every rank finds
-    the same non-finite array (a CheckpointError on all; nothing written)."""
+    previous checkpoint, which stays until the new one is complete. Every rank checks the
+    arrays it is given (a CheckpointError on all when one holds NaN or inf; nothing
+    written); only rank 0's are written."""
     path = os.path.abspath(path)
-    for name, values in arrays.items():
-        _finite(name, values, path)
     meta = dict(meta, format_version=FORMAT_VERSION, saved_world_size=comm.size)
-    staged = _agreed(comm, path, None, lambda: _stage(path) if comm.rank == 0 else None)
+    staged = _agreed(comm, path, None, lambda: _checked_then_staged(path, arrays, comm))
     _agreed(comm, path, staged, lambda: _write_arrays(staged, arrays, meta)
             if comm.rank == 0 else None)
+
+
+def _checked_then_staged(path: str, arrays: dict, comm):
+    for name, values in arrays.items():
+        _finite(name, values, path)
+    return _stage(path) if comm.rank == 0 else None
 
 
 def _write_arrays(staged: StagedDirectory, arrays: dict, meta: dict) -> None:
@@ -436,34 +444,46 @@ def _write_arrays(staged: StagedDirectory, arrays: dict, meta: dict) -> None:
     staged.publish()
 
 
-def load_arrays(path: str) -> tuple:
-    """({name: array}, meta) of a checkpoint written by save_arrays."""
+def _arrays_file(path: str) -> tuple:
+    """(the arrays file, verified meta) of a checkpoint written by save_arrays."""
     path, meta = open_checkpoint(path)
     file = os.path.join(path, ARRAYS_FILE)
     if not os.path.isfile(file):
         raise CheckpointError(f"checkpoint file missing: {file}")
+    return file, meta
+
+
+def load_arrays(path: str) -> tuple:
+    """({name: array}, meta) of a checkpoint written by save_arrays."""
+    file, meta = _arrays_file(path)
     with _unreadable_as_error(file), np.load(file) as data:
         return {name: data[name] for name in data.files}, meta
 
 
-def assign_arrays(variables: dict, arrays: dict, path: str) -> None:
-    """Assign {name: array} of a checkpoint to {name: variable}; a missing array or a shape
-    the model does not have is an error naming it (a checkpoint of another model)."""
+def assign_arrays(variables: dict, arrays, path: str, row_ranges: dict = None) -> None:
+    """Assign {name: array} of a checkpoint (a mapping, read by name) to {name: variable},
+    the rows of row_ranges only; a missing array or a shape the model does not have is an
+    error naming it (a checkpoint of another model)."""
     missing = sorted(set(variables) - set(arrays))
     if missing:
         raise CheckpointError(f"checkpoint {path} lacks {missing[:3]} ({len(missing)} arrays); "
                               f"was it written by another model?")
+    row_ranges = row_ranges or {}
     for name, var in variables.items():
-        if tuple(arrays[name].shape) != tuple(var.shape):
+        values, whole = arrays[name], tuple(var.shape)
+        if name in row_ranges:
+            start, stop, rows = row_ranges[name]
+            whole = (rows, *whole[1:])
+        if tuple(values.shape) != whole:
             raise CheckpointError(f"checkpoint {path}: '{name}' has shape "
-                                  f"{tuple(arrays[name].shape)}, the model needs "
-                                  f"{tuple(var.shape)}")
-        var.assign(np.asarray(arrays[name], dtype=var.dtype.as_numpy_dtype))
+                                  f"{tuple(values.shape)}, the model needs {whole}")
+        if name in row_ranges:
+            values = values[start:stop]
+        var.assign(np.asarray(values, dtype=var.dtype.as_numpy_dtype))
 
 
-# A replicated model's training state by name (Wide & Deep, SIM): each variable under its
-# checkpoint name and each optimizer slot as `<name>/<slot>`, for save_arrays / assign_arrays.
-# Every rank holds the same replica, so any world size resumes it.
+# A model's training state by name (Wide & Deep, SIM): each variable under its checkpoint
+# name and each optimizer slot as `<name>/<slot>`, for save_arrays / assign_arrays.
 def with_slots(variables: dict, optimizer, slot_key=lambda name: name) -> dict:
     """variables plus optimizer.slots(slot_key(name)) of each, named `<name>/<slot>`."""
     out = dict(variables)
@@ -473,16 +493,42 @@ def with_slots(variables: dict, optimizer, slot_key=lambda name: name) -> dict:
     return out
 
 
+def slot_row_ranges(row_ranges: dict, optimizer, slot_key=lambda name: name) -> dict:
+    """row_ranges of variables and of their optimizer slots (a slot holds its variable's
+    rows), named as with_slots names them."""
+    out = dict(row_ranges)
+    for name, held in row_ranges.items():
+        out.update({f"{name}/{slot}": held for slot in optimizer.slots(slot_key(name))})
+    return out
+
+
 def arrays(named: dict) -> dict:
     return {name: var.numpy() for name, var in named.items()}
 
 
+def gathered_arrays(named: dict, row_ranges: dict, comm) -> dict:
+    """{name: array} of named variables, whole on rank 0: the entries of row_ranges gathered
+    from every rank in rank order (a collective: every rank calls it alike); elsewhere only
+    the entries held whole."""
+    out = {}
+    for name, var in named.items():
+        values = var.numpy()
+        if name not in row_ranges:
+            out[name] = values
+            continue
+        whole = comm.gather_to_root(values.reshape(-1))
+        if comm.rank == 0:
+            out[name] = np.asarray(whole).reshape(row_ranges[name][2], *values.shape[1:])
+    return out
+
+
 def save_replica(path: str, named_state: dict, comm, position: dict, model: dict = None,
-                 optimizer=None, dynamic_tables: dict = None) -> None:
-    """A replicated model's checkpoint: named_state (variables and slots by name), the training
-    position, the fields that decide the variables (model) and which optimizer wrote the
-    slots, so a restore can refuse another model and skip another optimizer's slots;
-    dynamic_tables: {name: DynamicTable}, whose maps are saved beside the weights."""
+                 optimizer=None, dynamic_tables: dict = None, row_ranges: dict = None) -> None:
+    """A model's checkpoint: named_state (variables and slots by name; row_ranges: the
+    entries holding row ranges, see above), the training position, the fields that decide
+    the variables (model) and which optimizer wrote the slots, so a restore can refuse
+    another model and skip another optimizer's slots; dynamic_tables: {name: DynamicTable},
+    whose maps are saved beside the weights."""
     meta = {"position": position}
     if model is not None:
         meta["model"] = model
@@ -490,7 +536,14 @@ def save_replica(path: str, named_state: dict, comm, position: dict, model: dict
         iterations = getattr(optimizer, "iterations", None)
         meta.update(optimizer=type(optimizer).__name__,
                     optimizer_iterations=int(iterations.numpy()) if iterations is not None else 0)
-    saved = arrays(named_state)
+    if row_ranges:
+        # every rank checks its own rows before they travel: a NaN on any rank stops all
+        path = os.path.abspath(path)
+        _agreed(comm, path, None, lambda: [_finite(name, var.numpy(), path)
+                                           for name, var in named_state.items()])
+        saved = gathered_arrays(named_state, row_ranges, comm)
+    else:
+        saved = arrays(named_state)
     for name, table in (dynamic_tables or {}).items():
         saved.update({f"{DYNAMIC_PREFIX}{name}/{k}": v for k, v in table.state().items()})
     save_arrays(path, saved, meta, comm)
@@ -501,12 +554,13 @@ DYNAMIC_PREFIX = "dynamic_map/"
 
 def restore_replica(path: str, variables: dict, named_state: dict, model: dict = None,
                     optimizer=None, model_defaults: dict = None,
-                    dynamic_tables: dict = None) -> dict:
+                    dynamic_tables: dict = None, row_ranges: dict = None) -> dict:
     """Load a save_replica checkpoint into variables, and the slots of named_state when the
-    same optimizer wrote them; return the saved position. A checkpoint of another model (a
-    field of `model` that differs; model_defaults: fields older checkpoints lack) is an error
-    naming the fields."""
-    saved, meta = load_arrays(path)
+    same optimizer wrote them (the entries of row_ranges: their rows only, each array read
+    from the file when assigned); return the saved position. A checkpoint of another model
+    (a field of `model` that differs; model_defaults: fields older checkpoints lack) is an
+    error naming the fields."""
+    file, meta = _arrays_file(path)
     if model is not None:
         found = {**(model_defaults or {}), **meta.get("model", {})}
         odd = [f"{k}: checkpoint {found.get(k)}, now {v}" for k, v in model.items()
@@ -518,11 +572,15 @@ def restore_replica(path: str, variables: dict, named_state: dict, model: dict =
         state = variables
     elif optimizer is not None and getattr(optimizer, "iterations", None) is not None:
         optimizer.iterations.assign(meta["optimizer_iterations"])
-    assign_arrays(state, saved, path)
-    for name, table in (dynamic_tables or {}).items():
-        prefix = f"{DYNAMIC_PREFIX}{name}/"
-        found = {k[len(prefix):]: v for k, v in saved.items() if k.startswith(prefix)}
-        if not found:
-            raise CheckpointError(f"checkpoint {path} holds no map of dynamic table '{name}'")
-        table.load(found)
+    with _unreadable_as_error(file):
+        saved = np.load(file)
+    with saved:
+        assign_arrays(state, saved, path, row_ranges)
+        for name, table in (dynamic_tables or {}).items():
+            prefix = f"{DYNAMIC_PREFIX}{name}/"
+            found = {k[len(prefix):]: saved[k] for k in saved.files if k.startswith(prefix)}
+            if not found:
+                raise CheckpointError(f"checkpoint {path} holds no map of dynamic table "
+                                      f"'{name}'")
+            table.load(found)
     return meta.get("position", meta)  # Wide & Deep's first checkpoints: meta is the position

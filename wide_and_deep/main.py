@@ -1,7 +1,7 @@
 """Train / evaluate / benchmark Wide & Deep on a parquet FeatureSpec dataset.
 
   python -m wide_and_deep.main --dataset_path DIR [--cpu] [--num_epochs 20] ...
-  horovodrun -np N python -m wide_and_deep.main ...   (data-parallel)
+  horovodrun -np N python -m wide_and_deep.main ... [--sharding row_wise]
 
 Wiring only: flags -> objects -> loops.
 """
@@ -13,6 +13,7 @@ import sys
 
 from core import runtime
 from core.cli import run_cli
+from core.parallel.placement import ROUTED_REPLICATED_ELEMENTS, SHARDING_KINDS
 
 
 AFFINITIES = ("all", "single", "single_unique", "unique_interleaved", "unique_contiguous",
@@ -60,6 +61,12 @@ def parse_args(argv=None):
       help="no MAP@12 (needs a feature in the spec's 'map' channel otherwise)")
     a("--print_freq", type=int, default=100, help="steps between progress lines")
     a("--seed", type=int, default=0, help="initialization, shuffling and dropout seed")
+    a("--sharding", default="auto", choices=SHARDING_KINDS,
+      help="where the tables live under several processes: data_parallel (every process "
+           "holds every table), row_wise (each table's rows split over the processes), "
+           f"table_wise (whole tables spread over them), auto (tables of up to "
+           f"{ROUTED_REPLICATED_ELEMENTS:,d} elements data_parallel, larger ones row_wise); "
+           f"column_wise is refused")
     a("--dynamic_features", type=lambda s: s.split(","), default=[],
       help="comma-separated categorical features (or 'all') whose tables learn their ids "
            "(open vocabulary; the spec's cardinality is the capacity)")

@@ -16,6 +16,7 @@ from core.dropout import bias_relu_dropout
 from core.dynamic import DynamicTable
 from core.feature_spec import DynamicSpec
 from core.layers import table_variable
+from core.parallel.rows import range_lookup
 from core.initializers import bias_normal, glorot_normal
 from wide_and_deep.contract import MULTIHOT_CHANNEL, ONEHOT_CHANNEL
 from core.sources import length_key
@@ -92,17 +93,26 @@ class WideDeepConfig:
 
 
 class WideDeepModel(tf.Module):
-    def __init__(self, config: WideDeepConfig, seed: int = 0):
+    def __init__(self, config: WideDeepConfig, seed: int = 0, placement=None, comm=None):
+        """placement: per table a RoutedTable (core/parallel/placement.py, plan_routed_tables
+        with a feature's wide and deep widths summed; None: every table whole). A feature's
+        wide and deep tables hold the same rows of this rank (`comm`) and are read together
+        by one routed lookup."""
         super().__init__(name="wide_deep")
-        self.config = config
-        self.wide_tables = {t.name: tf.Variable(tf.zeros([t.cardinality, 1]),
+        self.config, self.comm = config, comm
+        self.placement = {t.name: p for t, p in zip(config.tables, placement or ())
+                          if p.sharded}
+        held = {t.name: self.rows_held(t.name) for t in config.tables}
+        self.wide_tables = {t.name: tf.Variable(tf.zeros([held[t.name][1] - held[t.name][0], 1]),
                                                 name=f"wide_{t.name}") for t in config.tables}
         # FTRL's weights are a function of its slots, which start at zero: so must the weights.
         self.wide_bias = tf.Variable(tf.zeros([1]), name="wide_bias")
         self.wide_numerical = (tf.Variable(tf.zeros([len(config.numerical), 1]),
                                            name="wide_numerical") if config.numerical else None)
         self.deep_tables = {t.name: table_variable(t.cardinality, t.dim, seed, i,
-                                                   name=f"deep_{t.name}")
+                                                   name=f"deep_{t.name}",
+                                                   row_start=held[t.name][0],
+                                                   row_stop=held[t.name][1])
                             for i, t in enumerate(config.tables)}
         widths = [config.deep_input_width, *config.hidden_units, 1]
         self.kernels = [tf.Variable(glorot_normal(a, b, seed, i), name=f"deep_kernel_{i}")
@@ -116,6 +126,17 @@ class WideDeepModel(tf.Module):
         # called with (table, rows) when a dynamic table gives rows to new ids: the optimizers
         # reset their slots of the rows (WideDeepTrainer registers them)
         self.new_rows_hooks = []
+
+    def rows_held(self, name: str) -> tuple:
+        """(row_start, row_stop) of feature `name`'s rows this rank holds."""
+        placement = self.placement.get(name)
+        if placement is None:
+            return 0, next(t.cardinality for t in self.config.tables if t.name == name)
+        return placement.rows_on(self.comm.rank)
+
+    def routed_features(self) -> list:
+        """The features whose tables are split over the ranks, in table order."""
+        return list(self.placement)
 
     # ---- variables by checkpoint name --------------------------------------------------
     def wide_variables(self) -> dict:
@@ -156,19 +177,26 @@ class WideDeepModel(tf.Module):
             if t.dynamic:
                 ids = self._dynamic_rows(i, t, ids, training)
             rows = tf.shape(batch[t.name])[0]
-            wide.append(self._summed(self.wide_tables[t.name], ids, row_of, rows)[:, 0])
             if self.config.projected(t):
                 rows_used, position = tf.unique(ids, out_idx=tf.int32)
-                unique.append(tf.nn.embedding_lookup(self.deep_tables[t.name], rows_used))
+                if t.name in self.placement:  # the distinct ids travel, once for both tables
+                    wide_rows, deep_rows = self._routed(t.name, rows_used)
+                    wide_rows = tf.gather(wide_rows, position)
+                else:
+                    wide_rows = tf.nn.embedding_lookup(self.wide_tables[t.name], ids)
+                    deep_rows = tf.nn.embedding_lookup(self.deep_tables[t.name], rows_used)
+                unique.append(deep_rows)
                 positions.append(position + offset)
                 segments.append(tf.range(rows) if row_of is None else row_of)
                 offset += tf.shape(rows_used)[0]
             else:
-                deep = self._summed(self.deep_tables[t.name], ids, row_of, rows)
+                wide_rows, deep_rows = self._rows_of(t.name, ids)
+                deep = self._pooled(deep_rows, row_of, rows)
                 if t.hotness is not None and self.config.combiner == "mean":
                     lengths = batch[length_key(t.name)]
                     deep /= tf.maximum(tf.cast(lengths, deep.dtype), 1.0)[:, None]
                 pooled.append(deep)
+            wide.append(self._pooled(wide_rows, row_of, rows)[:, 0])
         layout = None
         if unique:
             segments = tf.concat(segments, 0)
@@ -208,9 +236,22 @@ class WideDeepModel(tf.Module):
         rows = tf.broadcast_to(tf.range(tf.shape(ids)[0])[:, None], tf.shape(ids))
         return tf.boolean_mask(ids, mask), tf.boolean_mask(rows, mask)
 
+    def _rows_of(self, name: str, ids) -> list:
+        """[wide rows, deep rows] of feature `name` at ids: looked up in this rank's tables,
+        or, when the feature is split over the ranks, from the ranks holding them."""
+        if name in self.placement:
+            return self._routed(name, ids)
+        return [tf.nn.embedding_lookup(table, ids)
+                for table in (self.wide_tables[name], self.deep_tables[name])]
+
+    def _routed(self, name: str, ids) -> list:
+        return range_lookup(self.comm, self.placement[name].bounds,
+                            [self.wide_tables[name], self.deep_tables[name]], ids,
+                            routed_lookup_name(name))
+
     @staticmethod
-    def _summed(table, ids, row_of, rows):
-        looked_up = tf.nn.embedding_lookup(table, ids)
+    def _pooled(looked_up, row_of, rows):
+        """Each batch row's looked-up vectors summed (one-hot: row_of None, one per row)."""
         if row_of is None:
             return looked_up
         return tf.math.unsorted_segment_sum(looked_up, row_of, rows)
@@ -263,6 +304,11 @@ class WideDeepModel(tf.Module):
         wide, embeddings, layout = self.lookup(batch)
         return self.logits(self.numerical(batch), wide, embeddings, layout,
                            compute_dtype=compute_dtype)
+
+
+def routed_lookup_name(feature: str) -> str:
+    """Names the routed lookup (its collectives, core/parallel/rows.py) of a split feature."""
+    return f"routed_{feature}"
 
 
 def parameter_count(config: WideDeepConfig) -> int:

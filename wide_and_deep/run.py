@@ -9,6 +9,7 @@ from core.dllog import DLLogger
 from core.feature_spec import DynamicSpec
 from core.optimizers import LearningRateSchedule
 from core.parallel.comm import make_communicator
+from core.parallel.placement import describe_routed_tables, plan_routed_tables
 from core.pipelines import DictPipeline
 from core.columnar import open_reader
 from core.sources import load_spec
@@ -52,7 +53,13 @@ class Run:
             combiner=args.combiner,
             # XLA compiles one program per input shape; projected tables vary it every step
             project_max_rows=0 if args.xla else PROJECT_MAX_ROWS)
-        self.model = WideDeepModel(self.config, seed=args.seed)
+        widths = [t.dim + 1 for t in self.config.tables]  # a feature's deep and wide tables
+        self.placement = plan_routed_tables([t.cardinality for t in self.config.tables],
+                                            widths, self.comm.size, args.sharding)
+        if self.comm.size > 1:
+            self.logger.print(describe_routed_tables([t.name for t in self.config.tables],
+                                                     self.placement, widths, self.comm.size))
+        self.model = WideDeepModel(self.config, args.seed, self.placement, self.comm)
         warmup = int(args.deep_warmup_epochs * len(self.train_pipe))
         schedule = LearningRateSchedule(args.deep_learning_rate, warmup_steps=warmup,
                                         decay_steps=0)
@@ -80,13 +87,15 @@ class Run:
 
     def _save(self, position: dict) -> str:
         checkpoint.save_replica(self.checkpoint_path, self.trainer.named_state(), self.comm,
-                                position, dynamic_tables=self.model.dynamic)
+                                position, dynamic_tables=self.model.dynamic,
+                                row_ranges=self.trainer.row_ranges())
         return self.checkpoint_path
 
     def _restore(self) -> dict:
         state = self.trainer.named_state()
         position = checkpoint.restore_replica(self.checkpoint_path, state, state,
-                                              dynamic_tables=self.model.dynamic)
+                                              dynamic_tables=self.model.dynamic,
+                                              row_ranges=self.trainer.row_ranges())
         self.logger.print(f"restored {self.checkpoint_path} (epoch {position['epoch']})")
         return position
 
@@ -118,10 +127,25 @@ class Run:
         else:
             loop.log_result(self.logger, "eval", self._evaluate())
 
-    def _export(self) -> None:
+    def _whole_model(self):
+        """The model with every table whole, on rank 0 (None elsewhere): this model, or, when
+        features are split over the ranks, a copy of it with their rows gathered."""
+        if not self.model.routed_features():
+            return self.model if self.comm.rank == 0 else None
+        variables = {**self.model.wide_variables(), **self.model.deep_variables()}
+        arrays = checkpoint.gathered_arrays(variables, self.trainer.row_ranges(), self.comm)
         if self.comm.rank != 0:
+            return None
+        whole = WideDeepModel(self.config, self.args.seed)
+        for name, var in {**whole.wide_variables(), **whole.deep_variables()}.items():
+            var.assign(arrays[name])
+        return whole
+
+    def _export(self) -> None:
+        model = self._whole_model()
+        if model is None:
             return
-        export_saved_model(self.model, *export.serving(self.model),
+        export_saved_model(model, *export.serving(model),
                            os.path.join(self.args.model_dir, "saved_model"), "wide_deep_serving")
         log = os.path.join(self.args.results_dir, self.args.log_filename)
         plot_log.plot(log, os.path.join(self.args.results_dir, "curves.png"))

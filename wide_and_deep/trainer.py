@@ -1,7 +1,9 @@
 """Wide & Deep as a client of the training engine (training/engine.py): its lookups (wide
 terms, pooled and projected deep rows), its dense part, and two optimizer groups as in the
 reference: FTRL with a constant rate for the wide part, RMSProp with the deep schedule for
-the deep part. Every rank holds the whole model, so every table's gradient rows are summed.
+the deep part. A table every rank holds whole has its gradient rows summed across ranks; a
+feature split over the ranks (--sharding) is read by a routed lookup, whose backward pass
+brings its gradient rows to the rank holding them.
 """
 from __future__ import annotations
 
@@ -9,21 +11,25 @@ import tensorflow as tf
 
 from core.pipelines import DictPipeline
 from core.optimizers import FTRL, RMSProp
+from core.parallel.rows import collective_names
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
 from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
-from training.checkpoint import with_slots
+from training.checkpoint import slot_row_ranges, with_slots
+from wide_and_deep.model import routed_lookup_name
 
 # The reference's RMSProp decay for the deep part.
 DEEP_RHO = 0.5
 
 
 class WideDeepTask:
-    lookup_collectives = ()
-
     def __init__(self, model, comm, label: str, seed: int):
         self.model, self.comm, self.label_feature, self.seed = model, comm, label, seed
         self.dense_variables = model.dense_variables()
-        self.tables = [TableGradient(n, v, True) for n, v in model.tables().items()]
+        routed = model.routed_features()
+        split = {n for f in routed for n in (f"wide/{f}", f"deep/{f}")}
+        self.tables = [TableGradient(n, v, n not in split) for n, v in model.tables().items()]
+        self.lookup_collectives = [c for f in routed
+                                   for c in collective_names(routed_lookup_name(f))]
 
     def lookup(self, batch):
         wide_terms, embeddings, layout = self.model.lookup(batch, training=True)
@@ -82,3 +88,13 @@ class WideDeepTrainer(Trainer):
         """Weights and both optimizers' slots by checkpoint name."""
         return {**with_slots(self.model.wide_variables(), self.wide_optimizer),
                 **with_slots(self.model.deep_variables(), self.deep_optimizer)}
+
+    def row_ranges(self) -> dict:
+        """{name: (row_start, row_stop, rows)} of the named_state entries that hold a row
+        range of a feature split over the ranks (training/checkpoint.py)."""
+        model = self.model
+        held = {t.name: (*model.rows_held(t.name), t.cardinality) for t in model.config.tables
+                if t.name in model.routed_features()}
+        return {**slot_row_ranges({f"wide/{n}": r for n, r in held.items()}, self.wide_optimizer),
+                **slot_row_ranges({f"deep/{n}": r for n, r in held.items()},
+                                  self.deep_optimizer)}

@@ -352,3 +352,94 @@ class _Placer:
 
 def _size(n: int) -> str:
     return f"{n / 2**30:,.3f} GiB" if n >= 2**27 else f"{n:,d} bytes"
+
+
+# ---- tables looked up on each rank's own batch rows (Wide & Deep, SIM) -------------------
+# Their tables are read through routed lookups (core/parallel/rows.py): each rank sends its
+# rows' ids to the rank owning them and gets the vectors back, whichever kind holds the rows.
+# Replicating a table saves those three collectives per step, which outweigh gathering its
+# gradient rows only for small tables: `auto` replicates tables of at most this many
+# elements (4 MiB in float32) and splits the others by rows.
+ROUTED_REPLICATED_ELEMENTS = 1 << 20
+
+
+@dataclass(frozen=True)
+class RoutedTable:
+    """Where one table of a routed family lives: whole on every rank (`data_parallel`), or
+    split in contiguous row ranges, rank r holding rows bounds[r]..bounds[r+1] (`row_wise`:
+    rows·r//W .. rows·(r+1)//W; `table_wise`: every row on one rank, none elsewhere)."""
+    kind: str
+    rows: int
+    bounds: tuple = ()  # world_size + 1 row bounds; () when every rank holds every row
+
+    @property
+    def sharded(self) -> bool:
+        return bool(self.bounds)
+
+    def rows_on(self, rank: int) -> tuple:
+        """(row_start, row_stop) of the rows `rank` holds."""
+        return (self.bounds[rank], self.bounds[rank + 1]) if self.bounds else (0, self.rows)
+
+    def ranks(self) -> list:
+        return [r for r in range(len(self.bounds) - 1) if self.bounds[r] < self.bounds[r + 1]]
+
+
+def plan_routed_tables(cardinalities, widths, world_size: int, sharding: str = "auto",
+                       replicated_elements: int = ROUTED_REPLICATED_ELEMENTS) -> tuple:
+    """A RoutedTable per table of `cardinalities` rows x `widths` columns (tables split
+    alike, such as a Wide & Deep feature's wide and deep tables, count as one of their
+    summed width). data_parallel, and any kind in one process: every table whole.
+    row_wise: tables of at least one row per rank by rows, the rest table_wise. table_wise:
+    make_plan places the tables, largest first on the least loaded rank. auto: tables of at
+    most `replicated_elements` elements replicated, the others row_wise. column_wise is
+    refused: a routed lookup would send each id to every slice's rank, where row_wise spreads
+    the same rows over the ranks at one id each."""
+    if sharding not in SHARDING_KINDS:
+        raise PlanError(f"--sharding must be one of {'|'.join(SHARDING_KINDS)}, found {sharding}")
+    if sharding == "column_wise":
+        raise PlanError("--sharding column_wise is not offered where each rank looks up its own "
+                        "batch rows (Wide & Deep, SIM): column slices would send every id to "
+                        "each slice's rank; use row_wise (rows spread over every rank), "
+                        "table_wise (whole tables spread over the ranks), data_parallel or auto")
+    cardinalities, widths = [int(c) for c in cardinalities], [int(w) for w in widths]
+    kinds = []
+    for rows, width in zip(cardinalities, widths):
+        kind = sharding
+        if world_size == 1 or (sharding == "auto" and rows * width <= replicated_elements):
+            kind = "data_parallel"
+        elif sharding == "auto":
+            kind = "row_wise"
+        if kind == "row_wise" and rows < world_size:
+            kind = "table_wise"
+        kinds.append(kind)
+    whole = [t for t, kind in enumerate(kinds) if kind == "table_wise"]
+    # make_plan weighs a table by rows x dim: each table as rows·width rows of width 1
+    owners = make_plan([cardinalities[t] * widths[t] for t in whole], 1, world_size,
+                       sharding="table_wise") if whole else None
+    tables = []
+    for t, (kind, rows) in enumerate(zip(kinds, cardinalities)):
+        if kind == "data_parallel":
+            tables.append(RoutedTable(kind, rows))
+        elif kind == "row_wise":
+            tables.append(RoutedTable(kind, rows, tuple(rows * r // world_size
+                                                        for r in range(world_size + 1))))
+        else:
+            owner = owners.pieces_of(whole.index(t))[0].rank
+            tables.append(RoutedTable(kind, rows, tuple(0 if r <= owner else rows
+                                                        for r in range(world_size + 1))))
+    return tuple(tables)
+
+
+def describe_routed_tables(names, tables, widths, world_size: int) -> str:
+    """The plan of plan_routed_tables as a table: name, rows x width, kind, ranks holding
+    rows, MiB on each of them."""
+    lines = [f"placement plan: {len(tables)} tables, world size {world_size}",
+             f"  {'table':<24}  {'rows':>11}  {'width':>5}  {'kind':<13}  {'ranks':<10}  "
+             f"{'MiB/rank':>9}"]
+    for name, table, width in zip(names, tables, widths):
+        ranks = table.ranks() if table.sharded else list(range(world_size))
+        most = max(b - a for a, b in (table.rows_on(r) for r in ranks))
+        shown = f"all {world_size}" if len(ranks) == world_size else ",".join(map(str, ranks))
+        lines.append(f"  {name:<24}  {table.rows:>11,d}  {width:>5}  {table.kind:<13}  "
+                     f"{shown:<10}  {most * width * BYTES_PER_ELEMENT / 2**20:>9,.2f}")
+    return "\n".join(lines)

@@ -53,6 +53,14 @@ def hash_owner(world_size: int):
     return owner_of
 
 
+def range_lookup(comm, bounds, variables, ids, name: str):
+    """routed_lookup of tables split in contiguous row ranges: rank r holds rows
+    bounds[r]..bounds[r+1] (a range may be empty), row bounds[rank] first in its variables."""
+    start = bounds[comm.rank]
+    return routed_lookup(comm, variables, ids, range_owner(bounds[:-1]),
+                         lambda rows: rows - start, name)
+
+
 def collective_names(name: str) -> list:
     """The collectives routed_lookup issues under `name`, in order."""
     return [f"{name}_ids", f"{name}_vectors", f"{name}_vectors_grad"]
