@@ -98,20 +98,32 @@ def report_amp(results: list, figure, flop_per_sample: float) -> None:
     """The --amp comparison from interleaved(..., peak=True) rounds of ours, ours_amp_bf16,
     keras and keras_bf16 (figure: a result's training samples/s): bfloat16 / float32 of each
     implementation, ours / its Keras twin at each dtype, each step as a fraction of the
-    matmul peak at its dtype (medians over the rounds)."""
+    matmul peak at its dtype. Ratios and fractions are taken within each round (runs close
+    in time share the machine's load), then their median over the rounds (min - max)."""
     rates = medians(results, figure)
     print(f"\nmedians over {len(results)} interleaved round(s), training samples/s: " +
           ", ".join(f"{v} {s:,.0f}" for v, s in rates.items()))
-    print(f"  bfloat16 / float32: ours {rates['ours_amp_bf16'] / rates['ours']:.2f}x, "
-          f"Keras twin {rates['keras_bf16'] / rates['keras']:.2f}x")
-    print(f"  ours / Keras twin: float32 {rates['ours'] / rates['keras']:.2f}x, "
-          f"bfloat16 {rates['ours_amp_bf16'] / rates['keras_bf16']:.2f}x")
+
+    def spread(values) -> str:
+        return (f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f}x)"
+                if len(values) > 1 else f"{values[0]:.2f}x")
+
+    def ratio(a, b) -> str:
+        return spread([figure(r[a]) / figure(r[b]) for r in results])
+    print(f"  bfloat16 / float32: ours {ratio('ours_amp_bf16', 'ours')}, Keras twin "
+          f"{ratio('keras_bf16', 'keras')}")
+    print(f"  ours / Keras twin: float32 {ratio('ours', 'keras')}, bfloat16 "
+          f"{ratio('ours_amp_bf16', 'keras_bf16')}")
     peaks = {dtype: statistics.median(r[PEAK][dtype] for r in results)
              for dtype in ("float32", "bfloat16")}
-    print(peak_header(peaks, flop_per_sample) + f" (median of {len(results)}, one per round)")
-    for variant, rate in rates.items():
-        print(f"  {variant:14s} " + peak_fraction(rate, flop_per_sample, peaks,
-                                                  dtype_of(variant)))
+    print(peak_header(peaks, flop_per_sample) + f" (medians of {len(results)}, one per round)")
+    for variant in rates:
+        dtype = dtype_of(variant)
+        shares = [100 * figure(r[variant]) * flop_per_sample / 1e9 / r[PEAK][dtype]
+                  for r in results]
+        print(f"  {variant:14s} {statistics.median(shares):5.1f}% of the {dtype} peak "
+              f"(median of the rounds' step / that round's peak; {min(shares):.0f}-"
+              f"{max(shares):.0f}%)")
 
 
 if __name__ == "__main__":
