@@ -12,6 +12,8 @@
    `auc` of its DLLogger log), and in the same run a scikit-learn LogisticRegression on the
    same split: the transformed numerical features + one-hot of the categorical ids, its C
    chosen on the validation set. Prints both test AUCs and their difference.
+4. --amp: the same DLRM run (same seed, same steps) again with --amp forced to bfloat16
+   (DLRM_CPU_AMP=bfloat16, on any CPU); prints both test AUCs and bfloat16 - float32.
 
 These samples are tiny (about 11k training rows): the AUCs say that the real-data path works
 end to end, not how DLRM compares on the full Criteo data.
@@ -31,6 +33,9 @@ import time
 import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+from core import runtime  # noqa: E402
+
 DEFAULT_DATA = next((d for d in (os.path.join(ROOT, "shared", "data", "criteo"),
                                  os.path.join(os.path.dirname(ROOT), "shared", "data", "criteo"),
                                  "/work/shared/data/criteo") if os.path.isdir(d)),
@@ -56,6 +61,8 @@ def parse_args():
     add_dlrm_arguments(p)
     p.add_argument("--seed", type=int, default=12345)
     p.add_argument("--skip_dlrm", action="store_true", help="only preprocessing and LR")
+    p.add_argument("--amp", action="store_true",
+                   help="also train DLRM with --amp in bfloat16 and compare the test AUCs")
     p.add_argument("--throughput_copies", type=int, default=0,
                    help="also time preprocessing on day files holding the real lines this many "
                         "times over (throughput only; 0: off)")
@@ -119,7 +126,6 @@ def preprocess(work, cores, threshold, memory, raw="raw"):
 
 
 def load_split(dataset, mapping):
-    sys.path.insert(0, ROOT)
     from core.feature_spec import FeatureSpec
     spec = FeatureSpec.from_yaml(os.path.join(dataset, "feature_spec.yaml"))
     files = spec.feature_files(mapping)
@@ -163,7 +169,8 @@ def logistic_regression(dataset, seed):
             "test_rows": int(x_test.shape[0]), "seconds": round(time.time() - start, 1)}
 
 
-def dlrm(dataset, work, args):
+def dlrm(dataset, work, args, amp=False):
+    """main.py's final test AUC; amp: with --amp, in bfloat16 whatever the CPU."""
     log_path = os.path.join(work, "dlrm_log.json")
     if os.path.exists(log_path):
         os.remove(log_path)
@@ -173,10 +180,12 @@ def dlrm(dataset, work, args):
                "--bottom_mlp_dims", args.bottom_mlp_dims, "--top_mlp_dims", args.top_mlp_dims,
                "--learning_rate", str(args.learning_rate), "--optimizer", "adam",
                "--warmup_steps", "0", "--decay_steps", "0", "--seed", str(args.seed),
-               "--log_path", log_path, "--cpu"]
+               "--log_path", log_path, "--cpu"] + (["--amp"] if amp else [])
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    if amp:
+        env[runtime.CPU_AMP_VARIABLE] = "bfloat16"
     start = time.time()
-    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, env=env)
     seconds = time.time() - start
     if proc.returncode != 0:
         sys.exit(f"main.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
@@ -250,6 +259,12 @@ def main():
             print(f"[bench] test AUC  DLRM {d['test_auc']:.4f}  logistic regression "
                   f"{lr['test_auc']:.4f}  difference (DLRM - LR) "
                   f"{d['test_auc'] - lr['test_auc']:+.4f}", flush=True)
+            if args.amp:
+                a = result["dlrm_amp"] = dlrm(dataset, work, args, amp=True)
+                print(f"[bench] DLRM --amp (DLRM_CPU_AMP=bfloat16, same seed and steps, "
+                      f"{a['seconds']} s): test AUC float32 {d['test_auc']:.4f}  bfloat16 "
+                      f"{a['test_auc']:.4f}  difference (bfloat16 - float32) "
+                      f"{a['test_auc'] - d['test_auc']:+.4f}", flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)

@@ -6,8 +6,8 @@ with keras' SGD optimizer, under TensorFlow's default settings; `naive_keras_one
 same model with oneDNN forced on, to show how much of the gain is that setting alone, and
 `naive_keras_bf16` the same model under Keras' `mixed_bfloat16` policy (what a user who just
 sets it gets). `ours_amp_bf16` is `--amp` forced to bfloat16 (DLRM_CPU_AMP=bfloat16) whatever
-the CPU. Each run also measures the machine's matmul peak (a 4096^2 matmul loop in float32 and
-bfloat16, its own process) and prints every variant's step as a fraction of the peak at its
+the CPU. Each run also measures the machine's matmul peak (bench/rates.py: a chain of 4096^2
+matmuls in float32 and bfloat16, its own process) and prints every variant's step as a fraction of the peak at its
 dtype (FLOP per sample from the shape, forward + backward).
 `ours_dynamic` is `ours` with every table dynamic (open vocabulary, capacity 100k rows, ids
 as scattered 64-bit values): its ratio to `ours` is what learning the ids costs; the run then
@@ -31,15 +31,15 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from rates import dtype_of, measure_peaks, peak_fraction, peak_header  # noqa: E402
 VARIANTS = ("ours", "ours_xla", "ours_amp_bf16", "naive_keras", "naive_keras_onednn",
             "naive_keras_bf16", "ours_dynamic")
-BFLOAT16_VARIANTS = ("ours_amp_bf16", "naive_keras_bf16")
 
 
 def configure_environment(variant: str) -> None:
     """Settings for the worker process, before TensorFlow is imported."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    if variant.startswith("ours") or variant == "peak":
+    if variant.startswith("ours"):
         from core import runtime
         runtime.configure()  # what main.py runs with
         if variant == "ours_amp_bf16":
@@ -150,33 +150,10 @@ def worker(variant: str, batch_size: int, steps: int, profile: bool = False):
                 "ours_dynamic": lambda: ours(False, dynamic=True)}
     if variant == "map_memory":
         return map_bytes_per_entry()
-    if variant == "peak":
-        return matmul_peaks()
     step_fn, data = builders[variant](), batches(batch_size, 4, variant == "ours_dynamic")
     if profile:
         return op_times(step_fn, data, steps)
     return measure(step_fn, data, steps)
-
-
-def matmul_peaks(size: int = 4096, repeats: int = 10) -> dict:
-    """GFLOP/s of a chain of size^2 x size^2 matmuls in float32 and bfloat16 (TensorFlow,
-    oneDNN); each product feeds the next, so no two are the same computation to merge."""
-    import tensorflow as tf
-    peaks = {}
-    for dtype in (tf.float32, tf.bfloat16):
-        a = tf.cast(tf.random.normal([size, size]), dtype)
-        b = tf.cast(tf.random.normal([size, size]) / size ** 0.5, dtype)  # keeps the scale
-
-        @tf.function
-        def chain(x, b):
-            for _ in range(repeats):
-                x = tf.matmul(x, b)
-            return x
-        chain(a, b).numpy()
-        start = time.perf_counter()
-        chain(a, b).numpy()
-        peaks[dtype.name] = 2 * size ** 3 * repeats / (time.perf_counter() - start) / 1e9
-    return peaks
 
 
 def map_bytes_per_entry(entries: int = 2_600_000) -> float:
@@ -318,15 +295,11 @@ def main():
                 print(f"  round {round_ + 1} {name:18s} batch {batch_size:6d}: "
                       f"{value:10,.0f} samples/s", flush=True)
     report(results, chosen)
-    peaks = run_worker("peak", 0, 0)
-    print(f"\nmatmul peak (4096^2, this machine, its own process): float32 "
-          f"{peaks['float32']:,.0f} GFLOP/s, bfloat16 {peaks['bfloat16']:,.0f} GFLOP/s; "
-          f"step = {flop_per_sample() / 1e6:.1f} MFLOP per sample (forward + backward)")
+    peaks = measure_peaks()
+    print("\n" + peak_header(peaks, flop_per_sample()))
     for (name, batch_size), values in sorted(results.items()):
-        dtype = "bfloat16" if name in BFLOAT16_VARIANTS else "float32"
-        rate = statistics.median(values) * flop_per_sample() / 1e9
-        print(f"  {name:18s} batch {batch_size:6d}: {rate:7,.0f} GFLOP/s = "
-              f"{100 * rate / peaks[dtype]:5.1f}% of the {dtype} peak")
+        print(f"  {name:18s} batch {batch_size:6d}: " + peak_fraction(
+            statistics.median(values), flop_per_sample(), peaks, dtype_of(name)))
     if "ours_dynamic" in chosen:
         map_bytes = run_worker("map_memory", 0, 0)
         print(f"\ndynamic tables: memory per row = vector {DIM * 4} B (+ {DIM * 4} B per "

@@ -1,10 +1,15 @@
 """Training samples/s of this Wide & Deep against a naive Keras implementation of the same
 model (Keras Embedding/Dense layers, Keras Ftrl/RMSprop, default TensorFlow settings), on
 the reference shape (~92 M parameters). Each variant runs in its own process on the same
-random batches (uniform ids, multi-hot lengths 0..3).
+random batches (uniform ids, multi-hot lengths 0..3); the order rotates each round.
+
+--amp adds `ours_amp_bf16` (ours with --amp forced to bfloat16, DLRM_CPU_AMP=bfloat16, on
+any CPU) and `keras_bf16` (the Keras twin under Keras' `mixed_bfloat16` policy), then prints
+the medians, bfloat16 / float32 of each, ours / Keras at each dtype, and each step as a
+fraction of the machine's matmul peak at its dtype (bench/rates.py; FLOP of the deep MLP).
 
   .venv/bin/python bench/wd_train_throughput.py [--batch_size 16384] [--steps 5] [--scale 1]
-      [--rounds 2]
+      [--rounds 2] [--amp]
 """
 from __future__ import annotations
 
@@ -19,6 +24,9 @@ import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from rates import interleaved, report_amp  # noqa: E402
+
+VARIANTS, AMP_VARIANTS = ("ours", "keras"), ("ours", "ours_amp_bf16", "keras", "keras_bf16")
 
 
 def batches(spec, batch_size: int, count: int):
@@ -42,22 +50,33 @@ def batches(spec, batch_size: int, count: int):
     return out
 
 
-def ours(spec, config):
+def flop_per_sample(config) -> float:
+    """Multiply-adds of the deep MLP x2 for FLOP, x3 for forward + backward (the tables'
+    lookups and the wide sum do no matmul)."""
+    widths = [config.deep_input_width, *config.hidden_units, 1]
+    return 3 * 2 * sum(a * b for a, b in zip(widths[:-1], widths[1:]))
+
+
+def ours(spec, config, amp=False):
     from core.parallel.comm import make_communicator
     from core.optimizers import LearningRateSchedule
     from wide_and_deep.model import WideDeepModel
     from wide_and_deep.trainer import WideDeepTrainer
     model = WideDeepModel(config)
     trainer = WideDeepTrainer(model, make_communicator(), "clicked", 0.02,
-                              LearningRateSchedule(0.00012, warmup_steps=0, decay_steps=0))
+                              LearningRateSchedule(0.00012, warmup_steps=0, decay_steps=0),
+                              amp=amp)
     return trainer.train_step
 
 
-def naive_keras(spec, config):
-    """The same model written the obvious Keras way."""
+def naive_keras(spec, config, policy=None):
+    """The same model written the obvious Keras way; policy: Keras' global dtype policy
+    (under a mixed one, the casts a user must add where raw TensorFlow ops meet layers)."""
     import keras
     import tensorflow as tf
     from core.sources import length_key
+    if policy:
+        keras.mixed_precision.set_global_policy(policy)
     wide_emb = {t.name: keras.layers.Embedding(t.cardinality, 1) for t in config.tables}
     deep_emb = {t.name: keras.layers.Embedding(t.cardinality, t.dim) for t in config.tables}
     mlp = [keras.layers.Dense(u, activation="relu") for u in config.hidden_units]
@@ -69,16 +88,17 @@ def naive_keras(spec, config):
         e = layer(batch[t.name])
         if t.hotness is None:
             return e
-        mask = tf.sequence_mask(batch[length_key(t.name)], t.hotness, tf.float32)
+        mask = tf.sequence_mask(batch[length_key(t.name)], t.hotness, e.dtype)
         return tf.reduce_sum(e * mask[:, :, None], axis=1)
 
     def forward(batch):
         wide = tf.add_n([pooled(wide_emb[t.name], t, batch)[:, 0] for t in config.tables])
-        x = tf.concat([tf.stack([batch[f] for f in config.numerical], 1)] +
+        numerical = tf.stack([batch[f] for f in config.numerical], 1)
+        x = tf.concat([tf.cast(numerical, mlp[0].compute_dtype)] +
                       [pooled(deep_emb[t.name], t, batch) for t in config.tables], axis=1)
         for layer in mlp:
             x = drop(layer(x), training=True)
-        return wide + bias + out(x)[:, 0]
+        return tf.cast(wide + out(x)[:, 0], tf.float32) + bias  # float32 logits
 
     forward(batches(spec, 2, 1)[0])  # build the layers
     wide_vars = [bias] + [layer.embeddings for layer in wide_emb.values()]
@@ -102,13 +122,18 @@ def naive_keras(spec, config):
 
 def measure(variant: str, batch_size: int, steps: int, warmup: int, scale: float) -> dict:
     from core import runtime
-    if variant == "ours":
+    if variant.startswith("ours"):
         runtime.configure()  # the toolkit's settings; the naive variant keeps TF's defaults
+    if variant == "ours_amp_bf16":
+        os.environ[runtime.CPU_AMP_VARIABLE] = "bfloat16"  # on any CPU
     from wide_and_deep.model import WideDeepConfig, parameter_count
     from wide_and_deep.contract import embedding_dims, reference_spec
     spec = reference_spec(scale)
     config = WideDeepConfig.from_spec(spec, embedding_dims(spec))
-    step = (ours if variant == "ours" else naive_keras)(spec, config)
+    step = {"ours": lambda: ours(spec, config),
+            "ours_amp_bf16": lambda: ours(spec, config, amp=True),
+            "keras": lambda: naive_keras(spec, config),
+            "keras_bf16": lambda: naive_keras(spec, config, "mixed_bfloat16")}[variant]()
     data = batches(spec, batch_size, 4)
     for i in range(warmup):
         step(data[i % 4], i)
@@ -117,7 +142,8 @@ def measure(variant: str, batch_size: int, steps: int, warmup: int, scale: float
         step(data[i % 4], warmup + i)
     elapsed = time.perf_counter() - start
     return {"variant": variant, "samples_per_second": steps * batch_size / elapsed,
-            "parameters": parameter_count(config), "batch_size": batch_size, "steps": steps}
+            "parameters": parameter_count(config), "batch_size": batch_size, "steps": steps,
+            "flop_per_sample": flop_per_sample(config)}
 
 
 def run_variant(variant: str, args) -> dict:
@@ -135,24 +161,30 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--scale", type=float, default=1.0, help="reference cardinalities x scale")
     p.add_argument("--rounds", type=int, default=2,
-                   help="ours/Keras pairs, alternated so that load drifts hit both")
-    p.add_argument("--variant", choices=["ours", "keras"], help="internal: run one variant")
+                   help="rounds of every variant, interleaved so that load drifts hit all")
+    p.add_argument("--amp", action="store_true",
+                   help="also ours --amp (bfloat16) and Keras under mixed_bfloat16")
+    p.add_argument("--variant", choices=AMP_VARIANTS, help="internal: run one variant")
     args = p.parse_args(argv)
     if args.variant:
         print(json.dumps(measure(args.variant, args.batch_size, args.steps, args.warmup,
                                  args.scale)))
         return 0
-    ratios = []
-    for round_ in range(args.rounds):
-        results = {v: run_variant(v, args) for v in ("ours", "keras")}
-        for variant, r in results.items():
-            print(f"round {round_}: {variant:6s} {r['samples_per_second']:>10,.0f} samples/s "
-                  f"({r['parameters']:,} parameters, batch {args.batch_size})", flush=True)
-        ratios.append(results["ours"]["samples_per_second"] /
-                      results["keras"]["samples_per_second"])
-        print(f"round {round_}: speed-up {ratios[-1]:.2f}x", flush=True)
-    print(f"speed-up over naive Keras: median {np.median(ratios):.2f}x over {args.rounds} "
-          f"rounds (min {min(ratios):.2f}x, max {max(ratios):.2f}x; target >= 1.5x)")
+
+    def run(variant, round_):
+        r = run_variant(variant, args)
+        print(f"round {round_}: {variant:13s} {r['samples_per_second']:>10,.0f} samples/s "
+              f"({r['parameters']:,} parameters, batch {args.batch_size})", flush=True)
+        return r
+    results = interleaved(AMP_VARIANTS if args.amp else VARIANTS, args.rounds, run, args.amp)
+    ratios = [r["ours"]["samples_per_second"] / r["keras"]["samples_per_second"]
+              for r in results]
+    print(f"speed-up over naive Keras: median {np.median(ratios):.2f}x over "
+          f"{args.rounds} rounds (min {min(ratios):.2f}x, max {max(ratios):.2f}x; "
+          f"target >= 1.5x)")
+    if args.amp:
+        report_amp(results, lambda r: r["samples_per_second"],
+                   results[0]["ours"]["flop_per_sample"])
     return 0
 
 

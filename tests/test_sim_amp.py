@@ -1,5 +1,6 @@
-"""Float16 training with dynamic loss scaling (the core's loss_scale.py), and NVIDIA's
-defaults for the seed, repeat, prefetch and affinity flags."""
+"""Float16 training with dynamic loss scaling (the core's loss_scale.py), the bfloat16
+forward pass (--amp on a CPU) against float32, and NVIDIA's defaults for the seed, repeat,
+prefetch and affinity flags."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -71,3 +72,24 @@ def test_reference_defaults_are_accepted(tmp_path):
     final = [r["data"] for r in records if r["step"] == []][-1]
     assert final["step"] == 4 and final["train_samples"] == 240  # 240 rows / 60, one pass
     assert 0 <= final_auc(records) <= 1
+
+
+@pytest.mark.parametrize("model_type,architecture,interaction", [
+    ("sim", "reference", "dot"), ("sim", "compact", "activation_unit"),
+    ("dien", "reference", "dot"), ("din", "compact", "activation_unit")])
+def test_bfloat16_forward_follows_float32(model_type, architecture, interaction):
+    """--amp on a CPU (bfloat16, 8 significant bits) through the GRU, AUGRU, attention and
+    the GSU's selection: the same logits as float32 within a few 2^-8 of their scale."""
+    from sim.model import SimConfig, SimModel
+    config = SimConfig((20,), (30, 5), 8, model_type=model_type, long_seq_length=4,
+                       stage_one_mlp_dims=(16,), stage_two_mlp_dims=(32, 16),
+                       aux_mlp_dims=(8,), attention_mlp_dims=(16, 8), gsu_top_k=2,
+                       architecture=architecture, item_item_interaction=interaction)
+    model = SimModel(config)
+    embedded = model.lookup(batch(rows=256, seed=2)[0], training=False)
+    full, _, _ = model.forward(embedded)
+    half, _, _ = model.forward(embedded, tf.bfloat16)
+    assert half.dtype == tf.float32
+    error = np.abs(half.numpy() - full.numpy()).max()
+    assert 0 < error < 0.03 * np.abs(full.numpy()).max()  # 0: bfloat16 was not used
+    assert np.corrcoef(half.numpy(), full.numpy())[0, 1] > 0.999

@@ -62,6 +62,23 @@ def test_forward_matches_numpy(combiner):
 
 
 @pytest.mark.parametrize("project_max_rows", [0, 100])
+def test_bfloat16_forward_follows_numpy(project_max_rows):
+    """--amp's deep part in bfloat16 (8 significant bits): the logits are numpy's within a
+    few 2^-8 of their scale, as float32 logits, on the plain and the projected first layer.
+    The wide weights keep their initial 0: the logits are the deep part, the bfloat16 one."""
+    rng = np.random.default_rng(2)
+    config = WideDeepConfig(TABLES, ("x0", "x1"), hidden_units=(64, 32), dropout=0.5,
+                            project_max_rows=project_max_rows)
+    model = WideDeepModel(config, seed=3)
+    batch = make_batch(rng)
+    half = model(batch, tf.bfloat16).numpy()
+    expected = numpy_logits(model, batch, "sum")
+    assert half.dtype == np.float32
+    error = np.abs(half - expected).max()
+    assert 0 < error < 0.03 * np.abs(expected).max()  # 0: bfloat16 was not used
+
+
+@pytest.mark.parametrize("project_max_rows", [0, 100])
 def test_padding_gets_no_gradient_and_bad_combiner_is_refused(project_max_rows):
     model = WideDeepModel(WideDeepConfig(TABLES, ("x0", "x1"), hidden_units=(4,),
                                          project_max_rows=project_max_rows), seed=0)
