@@ -6,13 +6,14 @@ the first epoch on 2 processes (saved), the second resumed on 1 process (and for
 on 3), give the losses per step and AUC of 2 epochs in one process; every id admitted holds
 the same vector as in one process; no table evicts (its capacity exceeds the data's ids)."""
 import os
-import shutil
 
 import numpy as np
 import pytest
 import yaml
 
-from test_wd_sim_row_wise import assert_same_steps, launch, losses
+from core.parallel.placement import PlanError, plan_routed_tables
+from test_wd_sim_row_wise import (assert_same_served, assert_same_steps, launch, losses,
+                                  wd_full_then_split)
 
 MIN_COUNT = ["--dynamic_min_count", "2"]
 
@@ -51,6 +52,18 @@ def assert_same_maps(saved, reference, table: str, variables) -> None:
         assert s[f"dynamic_map/{table}/counters"][3] == 0, table  # evictions
 
 
+def test_a_dynamic_table_is_split_by_rows_whatever_the_sharding():
+    # 10 rows on 3 ranks: 0..3, 3..6, 6..10, even where every other table is replicated;
+    # one process holds it whole; 5 rows cannot give 3 ranks a rare row and a row each
+    tables = plan_routed_tables([10, 40], [4, 4], 3, "data_parallel", hashed_tables=[0])
+    assert [(t.kind, t.bounds) for t in tables] == [("row_wise", (0, 3, 6, 10)),
+                                                    ("data_parallel", ())]
+    assert not plan_routed_tables([10], [4], 1, "row_wise", hashed_tables=[0])[0].sharded
+    with pytest.raises(PlanError, match="dynamic table 0 has 5 rows: 3 ranks need at least "
+                                        "2 rows each"):
+        plan_routed_tables([5], [4], 3, "auto", hashed_tables=[0])
+
+
 WD_FLAGS = ["--cpu", "--global_batch_size", "256", "--eval_batch_size", "512",
             "--deep_hidden_units", "16", "16", "--deep_learning_rate", "0.003",
             "--deep_warmup_epochs", "0.5", "--linear_learning_rate", "0.05", "--print_freq", "1",
@@ -63,25 +76,14 @@ def wd_runs(tmp_path_factory):
     resumed from that checkpoint on 3 processes and on 1."""
     from test_wd_training import make_dataset
     from wide_and_deep import generate_feature_spec
-    from wide_and_deep.main import main
     base = tmp_path_factory.mktemp("wd_dynamic_rows")
     assert generate_feature_spec.main(["--dst", str(base / "spec.yaml"), "--onehot",
                                        "40:8,30:4", "--multihot", "20:4",
                                        "--num_numerical", "3"]) == 0
     data = make_dataset(str(base), "data", 3.0, train_rows=1280, test_rows=512)
     widen(data, ["onehot_0", "multihot_0"], 120)  # int8 ids
-
-    def args(name, epochs):
-        return ["--dataset_path", data, "--num_epochs", str(epochs), "--model_dir",
-                str(base / name / "model"), "--results_dir", str(base / name), *WD_FLAGS]
-    assert main(args("full1", 2)) == 0
-    launch(2, "wide_and_deep.main", args("first2", 1))
-    for name in ("resumed1", "resumed3"):
-        shutil.copytree(base / "first2" / "model" / "checkpoint",
-                        base / name / "model" / "checkpoint")
-    launch(3, "wide_and_deep.main", args("resumed3", 2) + ["--use_checkpoint"])
-    assert main(args("resumed1", 2) + ["--use_checkpoint"]) == 0
-    return base
+    wd_full_then_split(base, data, WD_FLAGS)
+    return base, data
 
 
 def wd_checkpoint(base, name):
@@ -89,7 +91,7 @@ def wd_checkpoint(base, name):
 
 
 def test_wide_deep_dynamic_features_on_2_and_3_processes_equal_1(wd_runs):
-    base = wd_runs
+    base, _ = wd_runs
     full = base / "full1" / "log.json"
     assert_same_steps(base / "first2" / "log.json", full, range(1, 6))
     assert_same_steps(base / "resumed3" / "log.json", full, range(6, 11))
@@ -100,11 +102,15 @@ def test_wide_deep_dynamic_features_on_2_and_3_processes_equal_1(wd_runs):
 
 
 def test_wide_deep_dynamic_checkpoint_of_2_processes_resumes_on_1(wd_runs):
-    base = wd_runs
+    base, _ = wd_runs
     assert_same_steps(base / "resumed1" / "log.json", base / "full1" / "log.json", range(6, 11))
     for feature in ("onehot_0", "multihot_0"):
         assert_same_maps(wd_checkpoint(base, "resumed1"), wd_checkpoint(base, "full1"),
                          feature, [f"wide/{feature}", f"deep/{feature}"])
+
+
+def test_wide_deep_dynamic_split_model_exports_the_whole_model_with_its_maps(wd_runs):
+    assert_same_served(*wd_runs)
 
 
 SIM_FLAGS = ["--cpu", "--global_batch_size", "48", "--stage_one_mlp_dims", "8",

@@ -200,6 +200,7 @@ def _join_pieces(directory: str, plan, table: int, slot: str) -> None:
 
 
 def _join_shares(directory: str, table: int, world_size: int) -> None:
+    """dynamic_<t>.npz from every rank's share file (joined_shares)."""
     files = [os.path.join(directory, _share_file(table, r)) for r in range(world_size)]
     np.savez(os.path.join(directory, _dynamic_file(table)),
              **joined_shares([dict(np.load(f)) for f in files]))
@@ -616,9 +617,8 @@ def restore_replica(path: str, variables: dict, named_state: dict, model: dict =
     same optimizer wrote them (the entries of row_ranges: their rows only, each array read
     from the file when assigned); a dynamic table (see save_replica) takes this rank's (of
     `comm`; None: one process) share of its map and the share's rows (load_maps); return the
-    saved position. A checkpoint of another model
-    (a field of `model` that differs; model_defaults: fields older checkpoints lack) is an
-    error naming the fields."""
+    saved position. A checkpoint of another model (a field of `model` that differs;
+    model_defaults: fields older checkpoints lack) is an error naming the fields."""
     file, meta = _arrays_file(path)
     if model is not None:
         found = {**(model_defaults or {}), **meta.get("model", {})}
