@@ -57,3 +57,10 @@ def table_variable(rows: int, dim: int, seed: int, table: int, col_start: int = 
                                               end=[start + block.shape[0]], strides=[1],
                                               value=block)
     return var
+
+
+def copy_rare_row(var, rows: int, dim: int, seed: int, table: int) -> None:
+    """Row 0 of var, a rank's share of dynamic table `table` (of `rows` rows), becomes the
+    whole table's row 0: every share holds a copy of the rare row."""
+    _, row = next(embedding_uniform_chunks(rows, dim, seed, table, row_stop=1))
+    var.scatter_update(tf.IndexedSlices(row, [0]))

@@ -154,7 +154,8 @@ def build(spec, comm, logger):
     optimizer = "adam" if F.optimizer == "lazy_adam" else F.optimizer
     names, rows = zip(*config.table_rows())
     widths = [config.embedding_dim] * len(rows)
-    placement = plan_routed_tables(rows, widths, comm.size, F.sharding)
+    placement = plan_routed_tables(rows, widths, comm.size, F.sharding, hashed_tables=[
+        t for t, dynamic in enumerate(config.dynamic) if dynamic])
     if comm.size > 1:
         logger.print(describe_routed_tables(names, placement, widths, comm.size))
     trainer = SimTrainer(SimModel(config, placement=placement, comm=comm), comm, optimizer,
@@ -172,11 +173,16 @@ def whole_model(trainer, comm):
     if not model.routed_tables():
         return model if comm.rank == 0 else None
     arrays = checkpoint.gathered_arrays(trainer.variables(), trainer.row_ranges(), comm)
+    maps = checkpoint.gathered_maps(trainer.dynamic_tables(), trainer.row_ranges(), comm)
     if comm.rank != 0:
         return None
     whole = SimModel(model.config)
-    for name, var in model_variables(whole).items():
+    variables = model_variables(whole)
+    for name, var in variables.items():
         var.assign(arrays[name])
+    checkpoint.load_maps(maps, {n: (whole.dynamic[n], entries) for n, (_, entries)
+                                in trainer.dynamic_tables().items()},
+                         arrays, variables, 0, 1, F.export_path)
     return whole
 
 
@@ -218,9 +224,10 @@ def run(spec, comm, logger):
             F.load_checkpoint_path, trainer.variables(), trainer.named_state(),
             trainer.model.config.checkpoint_shape(), trainer.optimizer,
             # fields older checkpoints lack
-            dynamic_tables=trainer.model.dynamic,
+            dynamic_tables=trainer.dynamic_tables(),
             model_defaults={"dynamic": [], "item_item_interaction": "activation_unit",
-                            "architecture": "compact"}, row_ranges=trainer.row_ranges())
+                            "architecture": "compact"}, row_ranges=trainer.row_ranges(),
+            comm=comm)
     train, test = pipelines(spec, comm)
     if F.mode == "inference":
         loop.log_result(logger, "inference", loop.benchmark_inference(
@@ -231,7 +238,7 @@ def run(spec, comm, logger):
         def save(position):
             checkpoint.save_replica(F.save_checkpoint_path, trainer.named_state(), comm,
                                     position, trainer.model.config.checkpoint_shape(),
-                                    trainer.optimizer, trainer.model.dynamic,
+                                    trainer.optimizer, trainer.dynamic_tables(),
                                     trainer.row_ranges())
             return F.save_checkpoint_path
     loop.train(trainer, train, lambda: loop.evaluate(trainer, test()), logger, loop_config(),
@@ -261,10 +268,6 @@ def train_or_infer():
     spec = load_spec(F.dataset_dir, SIM_CONTRACT, F.feature_spec)
     if F.dynamic_features:
         spec = spec.with_dynamic(F.dynamic_features, DynamicSpec(F.dynamic_min_count))
-    dynamic = [f for f in spec.feature_spec if spec.dynamic(f)]
-    if dynamic and comm.size > 1:
-        raise ValueError(f"dynamic tables {dynamic} run in one process for now; found "
-                         f"{comm.size} processes")
     run(spec, comm, logger)
     if F.mode == "train" and comm.rank == 0:
         plot_log.plot(log_path, os.path.join(F.results_dir, "curves.png"))

@@ -48,8 +48,8 @@ from types import MappingProxyType
 import tensorflow as tf
 
 from core.dynamic import DynamicTable
-from core.layers import MLP, table_variable
-from core.parallel.rows import range_lookup
+from core.layers import MLP, copy_rare_row, table_variable
+from core.parallel.rows import hash_owner, range_lookup, routed_lookup
 from sim import blocks
 
 MODEL_TYPES = ("sim", "dien", "din")
@@ -158,7 +158,12 @@ class SimModel(tf.Module):
     def __init__(self, config: SimConfig, name="sim_model", placement=None, comm=None):
         """placement: per table (user tables, then item tables) a RoutedTable
         (core/parallel/placement.py, plan_routed_tables; None: every table whole): a table
-        split over the ranks holds this rank's (`comm`) rows and is read by routed lookups."""
+        split over the ranks holds this rank's (`comm`) rows and is read by routed lookups.
+        A dynamic table split over the ranks holds the share of its rows that
+        plan_routed_tables (hashed_tables) gives this rank, with its own map: its ids go to
+        the rank a hash of the id names (core/parallel/rows.py hash_owner), which gives new
+        ids rows; row 0 of every share is a copy of the rare row (the trainer sums its
+        gradient across ranks)."""
         super().__init__(name=name)
         self.config = c = config.validate()
         self.comm = comm
@@ -177,10 +182,15 @@ class SimModel(tf.Module):
                 for n, table in self.tables().items() if n in self.placement})
             # a dynamic table's rows: its cardinality + 1 as a static one's; row 0 is both
             # the padding and the rare row (padding is masked wherever it is read)
-            names = list(self.tables())
-            self.dynamic = {name: DynamicTable(int(table.shape[0]), spec, f"dynamic_{name}")
-                            for name, table, spec in zip(names, self.tables().values(),
-                                                         c.dynamic) if spec}
+            self.dynamic = {name: DynamicTable(int(table.shape[0]), spec, f"dynamic_{name}",
+                                               rows)
+                            for (name, rows), table, spec in zip(
+                                c.table_rows(), self.tables().values(), c.dynamic) if spec}
+            keys = [t for t in range(len(c.user_cardinalities))] + [
+                100 + t for t in range(len(c.item_cardinalities))]
+            for (name, rows), key in zip(c.table_rows(), keys):
+                if name in self.dynamic and name in self.placement:
+                    copy_rare_row(self.tables()[name], rows, c.embedding_dim, c.seed, key)
             # (table, rows) of rows a dynamic table gave to new ids: the optimizer resets
             # their slots (SimTrainer registers it)
             self.new_rows_hooks = []
@@ -270,13 +280,21 @@ class SimModel(tf.Module):
         rows = self.placement[name].rows
         return (*self.placement[name].rows_on(self.comm.rank), rows)
 
-    def _read(self, table, ids):
+    def _read(self, table, ids, training: bool):
         """table's rows at ids: from this rank's variable, or, for a table split over the
         ranks, from the ranks holding them (one routed lookup per table and step)."""
         if table.ref() not in self._routed:
             return tf.nn.embedding_lookup(table, ids)
         name, bounds = self._routed[table.ref()]
+        if name in self.dynamic:
+            return routed_lookup(self.comm, [table], ids, hash_owner(self.comm.size),
+                                 lambda asked: self._dynamic_rows_of(name, asked, training),
+                                 routed_lookup_name(name))[0]
         return range_lookup(self.comm, bounds, [table], ids, routed_lookup_name(name))[0]
+
+    def _hashed(self, table) -> bool:
+        """Whether table is a dynamic table split over the ranks."""
+        return self._routed.get(table.ref(), ("",))[0] in self.dynamic
 
     def tables(self) -> dict:
         out = {f"user_table_{t}": v for t, v in enumerate(self.user_tables)}
@@ -306,25 +324,29 @@ class SimModel(tf.Module):
         feature for all its id tensors; padding (0) is never inserted and reads row 0."""
         out = []
         for name, id_tensors in zip(names, ids_per_feature):
-            dynamic = self.dynamic.get(name)
-            if dynamic is None:
+            if name not in self.dynamic or name in self.placement:  # split: on the owner
                 out.append(id_tensors)
                 continue
-            flat = tf.concat([tf.reshape(ids, [-1]) for ids in id_tensors], 0)
-            if training:
-                real = tf.where(flat != 0)
-                rows, new_rows = dynamic.train_lookup(tf.gather_nd(flat, real))
-                table = self.tables()[name]
-                dynamic.redraw(table, new_rows,
-                               self.config.seed * 1000 + list(self.tables()).index(name))
-                for hook in self.new_rows_hooks:
-                    hook(table, new_rows)
-                flat = tf.tensor_scatter_nd_update(tf.zeros_like(flat), real, rows)
-            else:
-                flat = dynamic.lookup(flat)
+            flat = self._dynamic_rows_of(
+                name, tf.concat([tf.reshape(ids, [-1]) for ids in id_tensors], 0), training)
             pieces = tf.split(flat, [tf.size(ids) for ids in id_tensors])
             out.append([tf.reshape(p, tf.shape(ids)) for p, ids in zip(pieces, id_tensors)])
         return out
+
+    def _dynamic_rows_of(self, name: str, flat, training: bool):
+        """Rows of a dynamic table's ids (1-D; on their owner when the table is split); in
+        training new ids get rows (drawn again, slots reset); padding (0) is never inserted
+        and reads row 0."""
+        dynamic = self.dynamic[name]
+        if not training:
+            return dynamic.lookup(flat)
+        real = tf.where(flat != 0)
+        rows, new_rows = dynamic.train_lookup(tf.gather_nd(flat, real))
+        table = self.tables()[name]
+        dynamic.redraw(table, new_rows, self.config.seed * 1000 + list(self.tables()).index(name))
+        for hook in self.new_rows_hooks:
+            hook(table, new_rows)
+        return tf.tensor_scatter_nd_update(tf.zeros_like(flat), real, rows)
 
     def _dynamic_rows(self, inputs: dict, training: bool) -> dict:
         """inputs with dynamic features' ids as rows (the target and both histories of an
@@ -342,12 +364,12 @@ class SimModel(tf.Module):
         feature and part is cheaper: the same values without finding the distinct ids
         (at batch 4096, half of DIN's lookup time)."""
         if deduplicate or self._routed:  # a split table is read once, at distinct ids
-            return self._shared_lookup(tables, ids_per_feature)
+            return self._shared_lookup(tables, ids_per_feature, deduplicate)
         return [tf.concat([tf.nn.embedding_lookup(table, ids_per_feature[f][part])
                            for f, table in enumerate(tables)], -1)
                 for part in range(len(ids_per_feature[0]))]
 
-    def _shared_lookup(self, tables, ids_per_feature):
+    def _shared_lookup(self, tables, ids_per_feature, training: bool):
         """tables[f] read at ids_per_feature[f] (id tensors shaped alike for every f) -> per
         id tensor, [*ids.shape, F * dim]: the F features' embeddings side by side.
 
@@ -355,13 +377,18 @@ class SimModel(tf.Module):
         gradient then holds one row per distinct id (already summed), not one per position,
         so the optimizer updates ~U rows without sorting and summing B * (1 + 2D). The
         features' distinct rows are stacked and gathered once for every position and feature:
-        no concatenation of per-feature [B, D, dim] histories, one segment sum backward."""
+        no concatenation of per-feature [B, D, dim] histories, one segment sum backward.
+        A dynamic table split over the ranks is read at every id: its owner counts each
+        occurrence to admit it."""
         dim, width = self.config.embedding_dim, len(tables) * self.config.embedding_dim
         rows, positions, offset = [], [], 0
         for table, id_tensors in zip(tables, ids_per_feature):
             flat = tf.concat([tf.reshape(ids, [-1]) for ids in id_tensors], 0)
-            distinct, position = tf.unique(flat)
-            rows.append(self._read(table, distinct))
+            if self._hashed(table):
+                distinct, position = flat, tf.range(tf.size(flat))
+            else:
+                distinct, position = tf.unique(flat)
+            rows.append(self._read(table, distinct, training))
             positions.append(position + offset)
             offset += tf.shape(distinct)[0]
         stacked = blocks.gather_rows(tf.concat(rows, 0), tf.stack(positions, 1))  # [N, F, dim]

@@ -3,7 +3,8 @@ the embedded user, target and history tensors (the masks ride along untouched), 
 part is the model's forward with its auxiliary and search-stage losses, one optimizer (Adam
 with decoupled weight decay, or SGD) with a constant rate. A table every rank holds whole has
 its gradient rows summed across ranks; a table split over the ranks (--sharding) is read by a
-routed lookup, whose backward pass brings its gradient rows to the rank holding them.
+routed lookup, whose backward pass brings its gradient rows to the rank holding them; a
+dynamic table's shares sum their rare row's gradient across ranks.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from sim.data import model_inputs
 from sim.model import routed_lookup_name
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
 from training.checkpoint import slot_row_ranges, with_slots
-from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
+from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share, rare_row_name
 
 # the embedded tensors that depend on tables (the rest of lookup()'s output are masks)
 EMBEDDED = ("user", "target", "history", "short", "short_negative", "long")
@@ -47,7 +48,9 @@ class SimTask:
         # every lookup reads a table at the batch's distinct ids (SimModel._shared_lookup);
         # a split table's gradient holds every rank's distinct ids
         routed = model.routed_tables()
-        self.tables = [TableGradient(n, v, n not in routed, distinct_rows=n not in routed)
+        self.tables = [TableGradient(n, v, n not in routed, distinct_rows=n not in routed,
+                                     row_zero_sum=rare_row_name(n)
+                                     if n in routed and n in model.dynamic else "")
                        for n, v in model.tables().items()]
         self.lookup_collectives = [c for n in routed
                                    for c in collective_names(routed_lookup_name(n))]
@@ -135,6 +138,13 @@ class SimTrainer(Trainer):
         range of a table split over the ranks (training/checkpoint.py)."""
         return slot_row_ranges({f"table/{n}": self.model.rows_held(n)
                                 for n in self.model.routed_tables()}, self.optimizer, slot_key)
+
+    def dynamic_tables(self) -> dict:
+        """{table: (its map, the named_state entries whose rows it indexes: the table and its
+        slots)} of the dynamic tables (training/checkpoint.py)."""
+        return {n: (table, list(slot_row_ranges({f"table/{n}": None}, self.optimizer,
+                                                slot_key)))
+                for n, table in self.model.dynamic.items()}
 
 
 def model_variables(model) -> dict:

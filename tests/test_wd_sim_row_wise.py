@@ -121,16 +121,23 @@ def wd_runs(tmp_path_factory):
     others hold none of its rows)."""
     from test_wd_training import make_dataset
     from wide_and_deep import generate_feature_spec
-    from wide_and_deep.main import main
     base = tmp_path_factory.mktemp("wd_row_wise")
     assert generate_feature_spec.main(["--dst", str(base / "spec.yaml"), "--onehot",
                                        "40:8,30:4,2:4", "--multihot", "20:4",
                                        "--num_numerical", "3"]) == 0
     data = make_dataset(str(base), "data", 3.0, train_rows=1280, test_rows=512)
+    return base, data, wd_full_then_split(base, data, WD_FLAGS)
+
+
+def wd_full_then_split(base, data, flags) -> str:
+    """Wide & Deep runs under base: 'full1' (2 epochs, 1 process), 'first2' (the first
+    epoch on 2 processes, saved), 'resumed3' and 'resumed1' (the second epoch resumed from
+    first2's checkpoint on 3 processes and on 1). Returns resumed3's output."""
+    from wide_and_deep.main import main
 
     def args(name, epochs):
         return ["--dataset_path", data, "--num_epochs", str(epochs), "--model_dir",
-                str(base / name / "model"), "--results_dir", str(base / name), *WD_FLAGS]
+                str(base / name / "model"), "--results_dir", str(base / name), *flags]
     assert main(args("full1", 2)) == 0
     launch(2, "wide_and_deep.main", args("first2", 1))
     for name in ("resumed1", "resumed3"):
@@ -138,7 +145,7 @@ def wd_runs(tmp_path_factory):
                         base / name / "model" / "checkpoint")
     plan = launch(3, "wide_and_deep.main", args("resumed3", 2) + ["--use_checkpoint"]).stdout
     assert main(args("resumed1", 2) + ["--use_checkpoint"]) == 0
-    return base, data, plan
+    return plan
 
 
 def test_wide_deep_row_wise_on_2_and_3_processes_equals_1(wd_runs):
@@ -162,9 +169,15 @@ def test_wide_deep_checkpoint_of_2_processes_resumes_on_1(wd_runs):
 
 
 def test_wide_deep_split_model_exports_the_whole_model(wd_runs):
+    base, data, _ = wd_runs
+    assert_same_served(base, data)
+
+
+def assert_same_served(base, data):
+    """The SavedModels of runs 'resumed3' and 'full1' (wd_full_then_split) serve the first
+    test rows alike."""
     import pandas as pd
     import tensorflow as tf
-    base, data, _ = wd_runs
     test = pd.read_parquet(os.path.join(data, "test")).iloc[:64]
     features = {c: tf.constant(test[c].to_numpy(), tf.float32 if c.startswith("num") else
                                tf.int64) for c in test if c.startswith(("num", "onehot"))}

@@ -200,20 +200,98 @@ def _join_pieces(directory: str, plan, table: int, slot: str) -> None:
 
 
 def _join_shares(directory: str, table: int, world_size: int) -> None:
-    """One map of a dynamic table from every rank's share (rows already those of the whole
-    table; each share's row -> id and last use fill its rows, in rank order)."""
+    """dynamic_<t>.npz from every rank's share file (joined_shares)."""
     files = [os.path.join(directory, _share_file(table, r)) for r in range(world_size)]
-    shares = [dict(np.load(f)) for f in files]
-    joined = {key: np.concatenate([s[key] for s in shares])
-              for key in ("keys", "rows", "pending_keys", "pending_counts", "row_ids",
-                          "last_used")}
-    counters = np.array([s["counters"] for s in shares])
-    # allocated rows, clock (the same on every rank), admissions, evictions
-    joined["counters"] = np.array([counters[:, 0].sum(), counters[:, 1].max(),
-                                   counters[:, 2].sum(), counters[:, 3].sum()])
-    np.savez(os.path.join(directory, _dynamic_file(table)), **joined)
+    np.savez(os.path.join(directory, _dynamic_file(table)),
+             **joined_shares([dict(np.load(f)) for f in files]))
     for f in files:
         os.unlink(f)
+
+
+_MAP_ARRAYS = ("keys", "rows", "pending_keys", "pending_counts", "row_ids", "last_used")
+
+
+def joined_shares(shares: list) -> dict:
+    """One map of a dynamic table from every rank's share (DynamicTable.state() with its rows
+    already those of the whole table; each share's row -> id and last use fill its rows, in
+    rank order): the map a checkpoint holds, whatever the world size that saved it."""
+    joined = {key: np.concatenate([s[key] for s in shares]) for key in _MAP_ARRAYS}
+    joined["counters"] = _joined_counters(np.array([s["counters"] for s in shares]))
+    return joined
+
+
+def _joined_counters(counters: np.ndarray) -> np.ndarray:
+    """[ranks, 4] counters of the shares -> the table's: allocated rows, clock (the same on
+    every rank), admissions, evictions."""
+    return np.array([counters[:, 0].sum(), counters[:, 1].max(), counters[:, 2].sum(),
+                     counters[:, 3].sum()])
+
+
+def gathered_map(dynamic, row_start: int, comm) -> dict:
+    """A dynamic table's one map (joined_shares of every rank's share, whose rows start at
+    row_start of the whole table) on rank 0, None elsewhere: a collective every rank calls
+    alike (gather_to_root concatenates in rank order, as joined_shares)."""
+    state = dynamic.state()
+    state["rows"] = state["rows"] + row_start
+    joined = {key: comm.gather_to_root(state[key]) for key in _MAP_ARRAYS}
+    counters = comm.gather_to_root(state["counters"])
+    if comm.rank != 0:
+        return None
+    joined["counters"] = _joined_counters(np.asarray(counters).reshape(-1, 4))
+    return joined
+
+
+def gathered_maps(dynamic_tables: dict, row_ranges: dict, comm) -> dict:
+    """{name: one map} (gathered_map) of dynamic_tables (see load_maps) on rank 0, a share's
+    first row that of the row range of the first variable its map indexes."""
+    return {name: gathered_map(table, row_ranges.get(entries[0], (0,))[0], comm)
+            for name, (table, entries) in dynamic_tables.items()}
+
+
+def load_maps(maps: dict, dynamic_tables: dict, arrays, variables: dict, rank: int,
+              world_size: int, path: str) -> None:
+    """Each dynamic table of dynamic_tables ({name: (DynamicTable, names of the variables
+    whose rows its map indexes)}) takes rank's share of its saved map (maps[name]), and
+    those of `variables` take the share's rows of the saved whole arrays."""
+    for name, (table, entries) in dynamic_tables.items():
+        state, taken = dealt_share(maps[name], table.capacity, rank, world_size,
+                                   f"checkpoint {path}: dynamic table '{name}'")
+        for entry in (e for e in entries if e in variables):
+            values = variables[entry].numpy()
+            values[:len(taken)] = np.asarray(arrays[entry])[taken]
+            variables[entry].assign(values)
+        table.load(state)
+
+
+def dealt_share(saved: dict, capacity: int, rank: int, world_size: int, what: str) -> tuple:
+    """(the map of rank's share, its rows in the saved table) of a checkpoint's one map
+    (joined_shares) dealt to `world_size` ranks: the ids rank owns
+    (core.parallel.rows.hash_owner), in the order of their saved rows, take rows 1, 2, ...
+    (so least-recently-used ties break as before); row 0, the rare row, is saved row 0. The
+    share's rows i are the saved rows taken[i] of every table (and slot) the map indexes."""
+    from core.parallel.rows import hash_owner  # TensorFlow: only when restoring
+    owner_of = hash_owner(world_size)
+    mine = owner_of(saved["keys"]).numpy() == rank
+    keys, rows = saved["keys"][mine], saved["rows"][mine]
+    order = np.argsort(rows, kind="stable")
+    keys, rows = keys[order], rows[order]
+    if len(keys) > capacity - 1:
+        raise CheckpointError(f"{what} holds {len(keys):,d} ids for rank {rank} of "
+                              f"{world_size}, more than its share of {capacity - 1:,d} rows: "
+                              f"resume on more processes")
+    taken = np.concatenate([[0], rows])
+    pending = owner_of(saved["pending_keys"]).numpy() == rank
+    row_ids = np.zeros(capacity, np.int64)
+    row_ids[1:len(taken)] = keys
+    last_used = np.full(capacity, -1, np.int64)
+    last_used[:len(taken)] = saved["last_used"][taken]
+    _, clock, admissions, evictions = saved["counters"]
+    counters = [len(keys), clock] + ([admissions, evictions] if rank == 0 else [0, 0])
+    return {"keys": keys, "rows": np.arange(1, len(taken), dtype=np.int64),
+            "pending_keys": saved["pending_keys"][pending],
+            "pending_counts": saved["pending_counts"][pending],
+            "row_ids": row_ids, "last_used": last_used,
+            "counters": np.array(counters)}, taken
 
 
 META_FILE = "meta.json"
@@ -342,38 +420,17 @@ def restore(path: str, trainer) -> dict:
 
 
 def _restore_share(path: str, table: int, dynamic, var, slots: dict, comm) -> None:
-    """This rank's share of a dynamic table from the checkpoint's one map, for any world
-    size: the ids this rank owns (core.parallel.rows.hash_owner), in the order of their saved
-    rows, take rows 1, 2, ... (so least-recently-used ties break as before); row 0 is the
-    rare row."""
-    from core.parallel.rows import hash_owner  # TensorFlow: only when restoring
+    """This rank's share of a dynamic table from the checkpoint's one map (dealt_share)."""
     dynamic_file = os.path.join(path, _dynamic_file(table))
     with _unreadable_as_error(dynamic_file), np.load(dynamic_file) as saved:
         saved = dict(saved)
-    mine = hash_owner(comm.size)(saved["keys"]).numpy() == comm.rank
-    keys, rows = saved["keys"][mine], saved["rows"][mine]
-    order = np.argsort(rows, kind="stable")
-    keys, rows = keys[order], rows[order]
-    if len(keys) > dynamic.capacity - 1:
-        raise CheckpointError(f"checkpoint {path}: dynamic table {table} holds {len(keys):,d} "
-                              f"ids for rank {comm.rank} of {comm.size}, more than its share "
-                              f"of {dynamic.capacity - 1:,d} rows: resume on more processes")
-    taken = np.concatenate([[0], rows])
+    state, taken = dealt_share(saved, dynamic.capacity, comm.rank, comm.size,
+                               f"checkpoint {path}: dynamic table {table}")
     for name, target in {"": var, **slots}.items():
         values = target.numpy()
         values[:len(taken)] = _read_rows(os.path.join(path, _table_file(table, name)), taken)
         target.assign(values)
-    pending = hash_owner(comm.size)(saved["pending_keys"]).numpy() == comm.rank
-    row_ids = np.zeros(dynamic.capacity, np.int64)
-    row_ids[1:len(taken)] = keys
-    last_used = np.full(dynamic.capacity, -1, np.int64)
-    last_used[:len(taken)] = saved["last_used"][taken]
-    allocated, clock, admissions, evictions = saved["counters"]
-    counters = [len(keys), clock] + ([admissions, evictions] if comm.rank == 0 else [0, 0])
-    dynamic.load({"keys": keys, "rows": np.arange(1, len(taken), dtype=np.int64),
-                  "pending_keys": saved["pending_keys"][pending],
-                  "pending_counts": saved["pending_counts"][pending],
-                  "row_ids": row_ids, "last_used": last_used, "counters": np.array(counters)})
+    dynamic.load(state)
 
 
 def _read_rows(file: str, rows: np.ndarray) -> np.ndarray:
@@ -527,8 +584,9 @@ def save_replica(path: str, named_state: dict, comm, position: dict, model: dict
     """A model's checkpoint: named_state (variables and slots by name; row_ranges: the
     entries holding row ranges, see above), the training position, the fields that decide
     the variables (model) and which optimizer wrote the slots, so a restore can refuse
-    another model and skip another optimizer's slots; dynamic_tables: {name: DynamicTable},
-    whose maps are saved beside the weights."""
+    another model and skip another optimizer's slots; dynamic_tables: {name: (DynamicTable, the
+    named_state entries whose rows its map indexes)}, whose maps are saved beside the
+    weights, every rank's share joined into one (gathered_map)."""
     meta = {"position": position}
     if model is not None:
         meta["model"] = model
@@ -544,8 +602,8 @@ def save_replica(path: str, named_state: dict, comm, position: dict, model: dict
         saved = gathered_arrays(named_state, row_ranges, comm)
     else:
         saved = arrays(named_state)
-    for name, table in (dynamic_tables or {}).items():
-        saved.update({f"{DYNAMIC_PREFIX}{name}/{k}": v for k, v in table.state().items()})
+    for name, joined in gathered_maps(dynamic_tables or {}, row_ranges or {}, comm).items():
+        saved.update({f"{DYNAMIC_PREFIX}{name}/{k}": v for k, v in (joined or {}).items()})
     save_arrays(path, saved, meta, comm)
 
 
@@ -554,12 +612,13 @@ DYNAMIC_PREFIX = "dynamic_map/"
 
 def restore_replica(path: str, variables: dict, named_state: dict, model: dict = None,
                     optimizer=None, model_defaults: dict = None,
-                    dynamic_tables: dict = None, row_ranges: dict = None) -> dict:
+                    dynamic_tables: dict = None, row_ranges: dict = None, comm=None) -> dict:
     """Load a save_replica checkpoint into variables, and the slots of named_state when the
     same optimizer wrote them (the entries of row_ranges: their rows only, each array read
-    from the file when assigned); return the saved position. A checkpoint of another model
-    (a field of `model` that differs; model_defaults: fields older checkpoints lack) is an
-    error naming the fields."""
+    from the file when assigned); a dynamic table (see save_replica) takes this rank's (of
+    `comm`; None: one process) share of its map and the share's rows (load_maps); return the
+    saved position. A checkpoint of another model (a field of `model` that differs;
+    model_defaults: fields older checkpoints lack) is an error naming the fields."""
     file, meta = _arrays_file(path)
     if model is not None:
         found = {**(model_defaults or {}), **meta.get("model", {})}
@@ -576,11 +635,14 @@ def restore_replica(path: str, variables: dict, named_state: dict, model: dict =
         saved = np.load(file)
     with saved:
         assign_arrays(state, saved, path, row_ranges)
-        for name, table in (dynamic_tables or {}).items():
+        maps = {}
+        for name in dynamic_tables or {}:
             prefix = f"{DYNAMIC_PREFIX}{name}/"
-            found = {k[len(prefix):]: saved[k] for k in saved.files if k.startswith(prefix)}
-            if not found:
+            maps[name] = {k[len(prefix):]: saved[k] for k in saved.files
+                          if k.startswith(prefix)}
+            if not maps[name]:
                 raise CheckpointError(f"checkpoint {path} holds no map of dynamic table "
                                       f"'{name}'")
-            table.load(found)
+        load_maps(maps, dynamic_tables or {}, saved, state, comm.rank if comm else 0,
+                  comm.size if comm else 1, path)
     return meta.get("position", meta)  # Wide & Deep's first checkpoints: meta is the position

@@ -104,6 +104,12 @@ def dense_gradient_name(variable: str) -> str:
     return f"dense_grad_{variable.replace('/', '_')}"
 
 
+def rare_row_name(table) -> str:
+    """Names the sum across ranks of the gradient of a dynamic table's rare row (a copy in
+    every rank's share; TableGradient.row_zero_sum)."""
+    return f"rare_row_grad_{table}"
+
+
 def replicated_gradient_name(table) -> str:
     """Named after the table (the plan's table id in DLRM), so every rank names it alike
     whatever else it holds."""

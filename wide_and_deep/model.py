@@ -15,8 +15,8 @@ import tensorflow as tf
 from core.dropout import bias_relu_dropout
 from core.dynamic import DynamicTable
 from core.feature_spec import DynamicSpec
-from core.layers import table_variable
-from core.parallel.rows import range_lookup
+from core.layers import copy_rare_row, table_variable
+from core.parallel.rows import hash_owner, range_lookup, routed_lookup
 from core.initializers import bias_normal, glorot_normal
 from wide_and_deep.contract import MULTIHOT_CHANNEL, ONEHOT_CHANNEL
 from core.sources import length_key
@@ -97,7 +97,11 @@ class WideDeepModel(tf.Module):
         """placement: per table a RoutedTable (core/parallel/placement.py, plan_routed_tables
         with a feature's wide and deep widths summed; None: every table whole). A feature's
         wide and deep tables hold the same rows of this rank (`comm`) and are read together
-        by one routed lookup."""
+        by one routed lookup. A dynamic feature split over the ranks holds the share of its
+        rows that plan_routed_tables (hashed_tables) gives this rank, with its own map: its
+        ids go to the rank a hash of the id names (core/parallel/rows.py hash_owner), which
+        gives new ids rows; row 0 of every share is a copy of the rare row (the trainer sums
+        its gradient across ranks)."""
         super().__init__(name="wide_deep")
         self.config, self.comm = config, comm
         self.placement = {t.name: p for t, p in zip(config.tables, placement or ())
@@ -120,8 +124,12 @@ class WideDeepModel(tf.Module):
         self.biases = [tf.Variable(bias_normal(b, seed, 100 + i), name=f"deep_bias_{i}")
                        for i, b in enumerate(widths[1:])]
         # one id -> row map per dynamic feature, shared by its wide and deep tables
-        self.dynamic = {t.name: DynamicTable(t.cardinality, t.dynamic, f"dynamic_{t.name}")
+        self.dynamic = {t.name: DynamicTable(held[t.name][1] - held[t.name][0], t.dynamic,
+                                             f"dynamic_{t.name}", t.cardinality)
                         for t in config.tables if t.dynamic}
+        for i, t in enumerate(config.tables):
+            if t.dynamic and t.name in self.placement:
+                copy_rare_row(self.deep_tables[t.name], t.cardinality, t.dim, seed, i)
         self.seed = seed
         # called with (table, rows) when a dynamic table gives rows to new ids: the optimizers
         # reset their slots of the rows (WideDeepTrainer registers them)
@@ -174,12 +182,17 @@ class WideDeepModel(tf.Module):
         offset = 0
         for i, t in enumerate(self.config.tables):
             ids, row_of = self._valid_ids(t, batch)
-            if t.dynamic:
-                ids = self._dynamic_rows(i, t, ids, training)
+            hashed = t.name in self.dynamic and t.name in self.placement
+            if t.dynamic and not hashed:
+                ids = self._dynamic_rows(t.name, ids, training)
             rows = tf.shape(batch[t.name])[0]
             if self.config.projected(t):
                 rows_used, position = tf.unique(ids, out_idx=tf.int32)
-                if t.name in self.placement:  # the distinct ids travel, once for both tables
+                if hashed:  # every id travels: its owner counts each occurrence to admit it
+                    wide_rows, deep_rows = self._routed(t.name, ids, training)
+                    deep_rows = tf.gather(deep_rows, tf.math.unsorted_segment_min(
+                        tf.range(tf.size(ids)), position, tf.size(rows_used)))
+                elif t.name in self.placement:  # the distinct ids travel, once for both tables
                     wide_rows, deep_rows = self._routed(t.name, rows_used)
                     wide_rows = tf.gather(wide_rows, position)
                 else:
@@ -190,7 +203,7 @@ class WideDeepModel(tf.Module):
                 segments.append(tf.range(rows) if row_of is None else row_of)
                 offset += tf.shape(rows_used)[0]
             else:
-                wide_rows, deep_rows = self._rows_of(t.name, ids)
+                wide_rows, deep_rows = self._rows_of(t.name, ids, training)
                 deep = self._pooled(deep_rows, row_of, rows)
                 if t.hotness is not None and self.config.combiner == "mean":
                     lengths = batch[length_key(t.name)]
@@ -205,18 +218,20 @@ class WideDeepModel(tf.Module):
         wide = tf.stack(wide, axis=1) if wide else tf.zeros([self._rows(batch), 0])
         return wide, (pooled, unique), layout
 
-    def _dynamic_rows(self, i: int, t: Table, ids, training: bool):
-        """Rows of a dynamic feature's ids; in training, new ids' rows start anew: the deep
-        row drawn again, the wide row zero (FTRL's weights start at zero), slots reset."""
-        dynamic = self.dynamic[t.name]
+    def _dynamic_rows(self, name: str, ids, training: bool):
+        """Rows of a dynamic feature's ids (on their owner when the feature is split); in
+        training, new ids' rows start anew: the deep row drawn again, the wide row zero
+        (FTRL's weights start at zero), slots reset."""
+        dynamic = self.dynamic[name]
         if not training:
             return dynamic.lookup(ids)
         rows, new_rows = dynamic.train_lookup(ids)
-        dynamic.redraw(self.deep_tables[t.name], new_rows, self.seed * 1000 + i)
-        wide = self.wide_tables[t.name]
+        table_index = [t.name for t in self.config.tables].index(name)
+        dynamic.redraw(self.deep_tables[name], new_rows, self.seed * 1000 + table_index)
+        wide = self.wide_tables[name]
         wide.scatter_update(tf.IndexedSlices(tf.zeros([tf.size(new_rows), 1]), new_rows))
         for hook in self.new_rows_hooks:
-            for table in (wide, self.deep_tables[t.name]):
+            for table in (wide, self.deep_tables[name]):
                 hook(table, new_rows)
         return rows
 
@@ -236,18 +251,22 @@ class WideDeepModel(tf.Module):
         rows = tf.broadcast_to(tf.range(tf.shape(ids)[0])[:, None], tf.shape(ids))
         return tf.boolean_mask(ids, mask), tf.boolean_mask(rows, mask)
 
-    def _rows_of(self, name: str, ids) -> list:
+    def _rows_of(self, name: str, ids, training: bool) -> list:
         """[wide rows, deep rows] of feature `name` at ids: looked up in this rank's tables,
         or, when the feature is split over the ranks, from the ranks holding them."""
         if name in self.placement:
-            return self._routed(name, ids)
+            return self._routed(name, ids, training)
         return [tf.nn.embedding_lookup(table, ids)
                 for table in (self.wide_tables[name], self.deep_tables[name])]
 
-    def _routed(self, name: str, ids) -> list:
-        return range_lookup(self.comm, self.placement[name].bounds,
-                            [self.wide_tables[name], self.deep_tables[name]], ids,
-                            routed_lookup_name(name))
+    def _routed(self, name: str, ids, training: bool = False) -> list:
+        tables = [self.wide_tables[name], self.deep_tables[name]]
+        if name not in self.dynamic:
+            return range_lookup(self.comm, self.placement[name].bounds, tables, ids,
+                                routed_lookup_name(name))
+        return routed_lookup(self.comm, tables, ids, hash_owner(self.comm.size),
+                             lambda asked: self._dynamic_rows(name, asked, training),
+                             routed_lookup_name(name))
 
     @staticmethod
     def _pooled(looked_up, row_of, rows):

@@ -32,10 +32,6 @@ class Run:
             self.spec = self.spec.with_dynamic(args.dynamic_features,
                                                DynamicSpec(args.dynamic_min_count))
         self.comm = make_communicator()
-        dynamic = [f for f in self.spec.feature_spec if self.spec.dynamic(f)]
-        if dynamic and self.comm.size > 1:
-            raise ValueError(f"dynamic tables {dynamic} run in one process for now; found "
-                             f"{self.comm.size} processes")
         self.logger = DLLogger(os.path.join(args.results_dir, args.log_filename),
                                enabled=self.comm.rank == 0)
         self.checkpoint_path = os.path.join(args.model_dir, "checkpoint")
@@ -54,8 +50,9 @@ class Run:
             # XLA compiles one program per input shape; projected tables vary it every step
             project_max_rows=0 if args.xla else PROJECT_MAX_ROWS)
         widths = [t.dim + 1 for t in self.config.tables]  # a feature's deep and wide tables
-        self.placement = plan_routed_tables([t.cardinality for t in self.config.tables],
-                                            widths, self.comm.size, args.sharding)
+        self.placement = plan_routed_tables(
+            [t.cardinality for t in self.config.tables], widths, self.comm.size, args.sharding,
+            hashed_tables=[i for i, t in enumerate(self.config.tables) if t.dynamic])
         if self.comm.size > 1:
             self.logger.print(describe_routed_tables([t.name for t in self.config.tables],
                                                      self.placement, widths, self.comm.size))
@@ -87,15 +84,16 @@ class Run:
 
     def _save(self, position: dict) -> str:
         checkpoint.save_replica(self.checkpoint_path, self.trainer.named_state(), self.comm,
-                                position, dynamic_tables=self.model.dynamic,
+                                position, dynamic_tables=self.trainer.dynamic_tables(),
                                 row_ranges=self.trainer.row_ranges())
         return self.checkpoint_path
 
     def _restore(self) -> dict:
         state = self.trainer.named_state()
         position = checkpoint.restore_replica(self.checkpoint_path, state, state,
-                                              dynamic_tables=self.model.dynamic,
-                                              row_ranges=self.trainer.row_ranges())
+                                              dynamic_tables=self.trainer.dynamic_tables(),
+                                              row_ranges=self.trainer.row_ranges(),
+                                              comm=self.comm)
         self.logger.print(f"restored {self.checkpoint_path} (epoch {position['epoch']})")
         return position
 
@@ -134,11 +132,17 @@ class Run:
             return self.model if self.comm.rank == 0 else None
         variables = {**self.model.wide_variables(), **self.model.deep_variables()}
         arrays = checkpoint.gathered_arrays(variables, self.trainer.row_ranges(), self.comm)
+        maps = checkpoint.gathered_maps(self.trainer.dynamic_tables(),
+                                        self.trainer.row_ranges(), self.comm)
         if self.comm.rank != 0:
             return None
         whole = WideDeepModel(self.config, self.args.seed)
-        for name, var in {**whole.wide_variables(), **whole.deep_variables()}.items():
+        whole_variables = {**whole.wide_variables(), **whole.deep_variables()}
+        for name, var in whole_variables.items():
             var.assign(arrays[name])
+        checkpoint.load_maps(maps, {n: (whole.dynamic[n], entries) for n, (_, entries)
+                                    in self.trainer.dynamic_tables().items()},
+                             arrays, whole_variables, 0, 1, self.checkpoint_path)
         return whole
 
     def _export(self) -> None:

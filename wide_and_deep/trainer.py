@@ -3,7 +3,8 @@ terms, pooled and projected deep rows), its dense part, and two optimizer groups
 reference: FTRL with a constant rate for the wide part, RMSProp with the deep schedule for
 the deep part. A table every rank holds whole has its gradient rows summed across ranks; a
 feature split over the ranks (--sharding) is read by a routed lookup, whose backward pass
-brings its gradient rows to the rank holding them.
+brings its gradient rows to the rank holding them; a dynamic feature's shares sum their
+rare row's gradient across ranks.
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from core.parallel.rows import collective_names
 from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
 from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
 from training.checkpoint import slot_row_ranges, with_slots
+from training.engine import rare_row_name
 from wide_and_deep.model import routed_lookup_name
 
 # The reference's RMSProp decay for the deep part.
@@ -27,7 +29,11 @@ class WideDeepTask:
         self.dense_variables = model.dense_variables()
         routed = model.routed_features()
         split = {n for f in routed for n in (f"wide/{f}", f"deep/{f}")}
-        self.tables = [TableGradient(n, v, n not in split) for n, v in model.tables().items()]
+        shared_rare_row = {n for f in routed if f in model.dynamic
+                           for n in (f"wide/{f}", f"deep/{f}")}
+        self.tables = [TableGradient(n, v, n not in split, row_zero_sum=rare_row_name(n)
+                                     if n in shared_rare_row else "")
+                       for n, v in model.tables().items()]
         self.lookup_collectives = [c for f in routed
                                    for c in collective_names(routed_lookup_name(f))]
 
@@ -98,3 +104,10 @@ class WideDeepTrainer(Trainer):
         return {**slot_row_ranges({f"wide/{n}": r for n, r in held.items()}, self.wide_optimizer),
                 **slot_row_ranges({f"deep/{n}": r for n, r in held.items()},
                                   self.deep_optimizer)}
+
+    def dynamic_tables(self) -> dict:
+        """{feature: (its map, the named_state entries whose rows it indexes: its wide and
+        deep tables and their slots)} of the dynamic features (training/checkpoint.py)."""
+        return {n: (table, [*slot_row_ranges({f"wide/{n}": None}, self.wide_optimizer),
+                            *slot_row_ranges({f"deep/{n}": None}, self.deep_optimizer)])
+                for n, table in self.model.dynamic.items()}

@@ -226,10 +226,7 @@ def make_plan(cardinalities, dim: int, world_size: int = 1, column_slice_thresho
     kinds = [_kind(rows, dim, world_size, sharding, column_slice_threshold,
                    data_parallel_threshold) for rows in cardinalities]
     for table in hashed_tables if world_size > 1 else ():
-        if cardinalities[table] < 2 * world_size:
-            raise PlanError(f"dynamic table {table} has {cardinalities[table]} rows: "
-                            f"{world_size} ranks need at least 2 rows each")
-        kinds[table] = ("row_wise", 0)
+        kinds[table] = (_hashed_kind(table, cardinalities[table], world_size), 0)
     placer = _Placer(cardinalities, dim, world_size, memory_budget_bytes, sharding == "auto")
     for table, (kind, _) in enumerate(kinds):
         if kind == "data_parallel":
@@ -245,6 +242,15 @@ def make_plan(cardinalities, dim: int, world_size: int = 1, column_slice_thresho
     for table, c0, c1 in candidates:
         placer.place(table, c0, c1, whole=kinds[table][1] == 1)
     return placer.plan()
+
+
+def _hashed_kind(table, rows: int, world_size: int) -> str:
+    """A dynamic table on several ranks: row-wise, each rank's share holding its copy of the
+    rare row and at least one row of its own."""
+    if rows < 2 * world_size:
+        raise PlanError(f"dynamic table {table} has {rows} rows: {world_size} ranks need at "
+                        f"least 2 rows each")
+    return "row_wise"
 
 
 def _kind(rows: int, dim: int, world_size: int, sharding: str, column_slice_threshold: int,
@@ -385,7 +391,8 @@ class RoutedTable:
 
 
 def plan_routed_tables(cardinalities, widths, world_size: int, sharding: str = "auto",
-                       replicated_elements: int = ROUTED_REPLICATED_ELEMENTS) -> tuple:
+                       replicated_elements: int = ROUTED_REPLICATED_ELEMENTS,
+                       hashed_tables=()) -> tuple:
     """A RoutedTable per table of `cardinalities` rows x `widths` columns (tables split
     alike, such as a Wide & Deep feature's wide and deep tables, count as one of their
     summed width). data_parallel, and any kind in one process: every table whole.
@@ -393,7 +400,8 @@ def plan_routed_tables(cardinalities, widths, world_size: int, sharding: str = "
     make_plan places the tables, largest first on the least loaded rank. auto: tables of at
     most `replicated_elements` elements replicated, the others row_wise. column_wise is
     refused: a routed lookup would send each id to every slice's rank, where row_wise spreads
-    the same rows over the ranks at one id each."""
+    the same rows over the ranks at one id each. hashed_tables: dynamic tables, split by rows
+    whatever `sharding` says (as make_plan's), their ids dealt to the ranks by a hash."""
     if sharding not in SHARDING_KINDS:
         raise PlanError(f"--sharding must be one of {'|'.join(SHARDING_KINDS)}, found {sharding}")
     if sharding == "column_wise":
@@ -412,6 +420,8 @@ def plan_routed_tables(cardinalities, widths, world_size: int, sharding: str = "
         if kind == "row_wise" and rows < world_size:
             kind = "table_wise"
         kinds.append(kind)
+    for table in hashed_tables if world_size > 1 else ():
+        kinds[table] = _hashed_kind(table, cardinalities[table], world_size)
     whole = [t for t, kind in enumerate(kinds) if kind == "table_wise"]
     # make_plan weighs a table by rows x dim: each table as rows·width rows of width 1
     owners = make_plan([cardinalities[t] * widths[t] for t in whole], 1, world_size,
