@@ -17,7 +17,7 @@ runtime.configure()  # before anything imports TensorFlow
 from absl import app, flags
 
 import export
-from core.cli import run_cli
+from core.cli import exit_process, run_cli
 from core.dllog import DLLogger
 from core.feature_spec import (TEST_MAPPING, TRAIN_MAPPING, DynamicSpec, FeatureSpec,
                                FeatureSpecError)
@@ -332,8 +332,8 @@ def run():
         def work():
             with reader_errors_surfaced():
                 main(argv)  # training divergence is a ValueError (training/engine.py)
-        sys.exit(run_cli(work, errors=(UsageError, FeatureSpecError, DatasetError,
-                                       CheckpointError, ValueError)))
+        exit_process(run_cli(work, errors=(UsageError, FeatureSpecError, DatasetError,
+                                           CheckpointError, ValueError)))
     app.run(guarded)
 
 

@@ -1,18 +1,37 @@
-"""The one-line error convention of the toolkit's command-line tools."""
+"""The one-line error convention of the toolkit's command-line tools, and how a training
+process ends on it."""
 from __future__ import annotations
 
+import os
 import sys
+
+ERROR_STATUS = 2
 
 
 def run_cli(work, errors=(OSError, ValueError)) -> int:
     """Exit status of a tool whose `work()` returns the line to print when it succeeds (or
     None): an expected error (bad input: spec, data, flag, file) prints `error: <message>`
-    on stderr and gives 2, without a traceback."""
+    on stderr and gives ERROR_STATUS, without a traceback."""
     try:
         done = work()
     except errors as e:
         print(f"error: {e}", file=sys.stderr)
-        return 2
+        return ERROR_STATUS
     if done is not None:
         print(done)
     return 0
+
+
+def exit_process(status: int):
+    """Ends a training process with run_cli's status. The error exit flushes the output and
+    ends the process at once (os._exit), skipping the interpreter's shutdown: a tf.data
+    iterator still alive then (held by the failed read's exception) is freed by the
+    shutdown's last garbage collection, and its destructor waits for the reads in flight,
+    whose tf.numpy_function can no longer take the GIL once the shutdown began: the process
+    would hang for ever. Nothing is left to do at an error exit: outputs are renamed into
+    place only when complete, staged ones discarded as the error passed, logs are closed."""
+    if status != ERROR_STATUS:
+        sys.exit(status)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(status)

@@ -18,7 +18,7 @@ import tensorflow as tf
 from absl import app, flags
 
 from core import plot_log
-from core.cli import run_cli
+from core.cli import exit_process, run_cli
 from core.dllog import DLLogger
 from core.feature_spec import DynamicSpec
 from core.parallel.comm import make_communicator
@@ -248,14 +248,13 @@ def run(spec, comm, logger):
         export_saved_model(model, *export.serving(model, spec), F.export_path, "sim_serving")
 
 
-def main(argv):
+def main(argv) -> int:
     """Errors of the inputs (spec, data, flags, checkpoint) end the run with one line."""
 
     def work():  # FeatureSpecError, DatasetError, SimDataError, CheckpointError...
         with reader_errors_surfaced():
             train_or_infer()
-    if run_cli(work, errors=(ValueError,)):
-        sys.exit(2)
+    return run_cli(work, errors=(ValueError,))
 
 
 def train_or_infer():
@@ -275,4 +274,4 @@ def train_or_infer():
 
 
 if __name__ == "__main__":
-    app.run(main)
+    app.run(lambda argv: exit_process(main(argv)))

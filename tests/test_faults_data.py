@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import ROOT
+from conftest import ROOT, bounded_run
 from core.columnar import ColumnarWriter, open_reader, write_columns
 from core.crc32c import BLOCK, crc32c_many, masked
 from core.feature_spec import FeatureSpec
@@ -79,6 +79,22 @@ def test_non_finite_numerical_value_names_file_row_and_feature(write_dataset, dt
         sharded.get(3)  # rank 1 holds rows 896..1023 of batch 3
 
 
+# main.py, with the reads after batch 3 (rows 768..1023, the first bad one) slowed down: they
+# are still in flight in tf.data's threads when the error ends the process. An exit through
+# the interpreter's shutdown then hung for ever (core.cli.exit_process).
+SLOWED_DLRM_MAIN = """
+import time
+import main, dataloader
+read = dataloader.BatchPipeline._read
+def slowed(self, index):
+    if int(index) > 3:
+        time.sleep(3)
+    return read(self, index)
+dataloader.BatchPipeline._read = slowed
+main.run()
+"""
+
+
 def test_nan_in_dlrm_training_is_one_line_and_nothing_is_saved(write_dataset, tmp_path):
     spec = FeatureSpec.get_default(13, [1000, 50, 7])
     loaded, _ = write_dataset(spec, {"train": 2048, "test": 256})
@@ -87,13 +103,12 @@ def test_nan_in_dlrm_training_is_one_line_and_nothing_is_saved(write_dataset, tm
     values[1000, 3] = values[1500, 7] = np.nan  # the issue's reproduction
     values.tofile(path)
     checkpoint = tmp_path / "ck"
-    proc = subprocess.run(
-        [sys.executable, "main.py", "--dataset_path", loaded.base_directory, "--cpu",
-         "--batch_size", "256", "--valid_batch_size", "256", "--embedding_dim", "8",
+    proc = bounded_run(
+        [sys.executable, "-c", SLOWED_DLRM_MAIN, "--dataset_path", loaded.base_directory,
+         "--cpu", "--batch_size", "256", "--valid_batch_size", "256", "--embedding_dim", "8",
          "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--max_steps", "8",
          "--save_checkpoint_path", str(checkpoint), "--log_path", str(tmp_path / "log.json")],
-        cwd=ROOT, capture_output=True, text=True,
-        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+        timeout=300)
     assert proc.returncode == 2, proc.stderr[-3000:]
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert errors == [f"error: {path} row 1000: feature 'num_3' has the value nan; NaN and "

@@ -26,9 +26,7 @@ def edited(dataset, tmp_path, edit):
 
 
 def one_line_error(capsys, args):
-    with pytest.raises(SystemExit) as exit_info:
-        run_main(["--cpu", "--epochs", "1", "--global_batch_size", "32"] + args)
-    assert exit_info.value.code == 2
+    run_main(["--cpu", "--epochs", "1", "--global_batch_size", "32"] + args, status=2)
     lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: "), lines
     return lines[0]

@@ -31,12 +31,13 @@ def data(tmp_path_factory):
             "tiny": synthetic(base / "tiny", "long", 300, seed=3)}
 
 
-def run_main(args):
+def run_main(args, status=0):
+    """sim.main in process; its exit status must be `status` (2: one error line)."""
     drop_cli_flags("main")  # DLRM's main.py, if an earlier test imported it
     from sim import main as sim_main
     sim_main.F.unparse_flags()
     sim_main.F(["sim.main"] + list(args))
-    sim_main.main([])
+    assert sim_main.main([]) == status
 
 
 def train(dataset, results, *extra):

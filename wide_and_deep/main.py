@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 
 from core import runtime
-from core.cli import run_cli
+from core.cli import exit_process, run_cli
 from core.parallel.placement import ROUTED_REPLICATED_ELEMENTS, SHARDING_KINDS
 
 
@@ -90,4 +89,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())
