@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import bounded_run, require_or_skip
-from core.dllog import read_log
+from test_hybrid import final, losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
@@ -22,16 +22,6 @@ def launch(np_, *args, timeout=300):
     proc = bounded_run(cmd, timeout)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
-
-
-def losses(log):
-    return {r["step"][1]: r["data"]["loss"] for r in read_log(log)
-            if r["type"] == "LOG" and isinstance(r["step"], list) and r["step"]
-            and "loss" in r["data"]}
-
-
-def final(log):
-    return [r["data"] for r in read_log(log) if r["type"] == "LOG" and r["step"] == []][-1]
 
 
 ROUTING_SCRIPT = """
