@@ -190,17 +190,17 @@ def dlrm(dataset, work, args, amp=False):
     if proc.returncode != 0:
         sys.exit(f"main.py failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
                  f"{proc.stderr[-3000:]}")
-    auc = None
+    final = None
     with open(log_path) as f:
         for line in f:
             if line.startswith("DLLL "):
                 record = json.loads(line[5:])
                 if isinstance(record.get("data"), dict) and "auc" in record["data"]:
-                    auc = record["data"]["auc"]  # the last one is the final evaluation
-    if auc is None:
+                    final = record["data"]  # the last one is the final evaluation
+    if final is None:
         sys.exit(f"no auc in {log_path}")
-    return {"test_auc": float(auc), "seconds": round(seconds, 1),
-            "command": " ".join(command[1:])}
+    return {"test_auc": float(final["auc"]), "train_loss": float(final["train_loss"]),
+            "seconds": round(seconds, 1), "command": " ".join(command[1:])}
 
 
 def main():
@@ -262,9 +262,11 @@ def main():
             if args.amp:
                 a = result["dlrm_amp"] = dlrm(dataset, work, args, amp=True)
                 print(f"[bench] DLRM --amp (DLRM_CPU_AMP=bfloat16, same seed and steps, "
-                      f"{a['seconds']} s): test AUC float32 {d['test_auc']:.4f}  bfloat16 "
-                      f"{a['test_auc']:.4f}  difference (bfloat16 - float32) "
-                      f"{a['test_auc'] - d['test_auc']:+.4f}", flush=True)
+                      f"{a['seconds']} s): test AUC float32 {d['test_auc']:.5f}  bfloat16 "
+                      f"{a['test_auc']:.5f}  difference (bfloat16 - float32) "
+                      f"{a['test_auc'] - d['test_auc']:+.5f}; the epoch's training loss "
+                      f"float32 {d['train_loss']:.6f}, bfloat16 {a['train_loss']:.6f}",
+                      flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
