@@ -66,6 +66,14 @@ def write_dataset(tmp_path):
 
 
 
+@pytest.fixture(scope="session")
+def spark_runs(tmp_path_factory):
+    """preproc/prepare_dataset.sh's Spark runs on the real Criteo rows (test_preproc.py), made
+    once a session: test_preproc_cluster.py compares a cluster's output with the local one."""
+    from test_preproc import spark_preproc_runs
+    return spark_preproc_runs(str(tmp_path_factory.mktemp("preproc")))
+
+
 def drop_cli_flags(module_name: str) -> None:
     """Forget the absl flags (and the import) of a CLI module: each CLI defines its flags
     once on absl's global registry (one CLI per process in real use), so a test session that

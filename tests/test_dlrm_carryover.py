@@ -17,6 +17,7 @@ import gen_csv
 import transcode
 from core.dllog import read_log
 from interaction import resolve_interaction
+from test_training import main_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECS = sorted(glob.glob(os.path.join(ROOT, "tests", "feature_specs", "*.yaml"))) + [
@@ -75,7 +76,7 @@ def test_example_spec_goes_through_gen_csv_transcode_and_training(spec_path, tmp
                 np.testing.assert_allclose(stored.astype(np.float64),
                                            frame[k].to_numpy(np.float64), rtol=1e-3)
     log = tmp_path / "log.json"
-    run("main.py", "--dataset_path", str(data / "bin"), *TINY_MODEL, "--log_path", str(log))
+    main_in_process(["--dataset_path", str(data / "bin"), *TINY_MODEL, "--log_path", str(log)])
     figures = final(log)
     assert figures["eval_samples"] == 200 and 0.0 <= figures["auc"] <= 1.0
     assert figures["timed_steps"] == 2 and figures["throughput"] > 0  # 3 steps, 1 warm-up

@@ -59,7 +59,8 @@ class DictModel:
 def test_table_agrees_with_the_dict_model(capacity, min_count):
     rng = np.random.default_rng(capacity * 10 + min_count)
     table = DynamicTable(capacity, DynamicSpec(min_count=min_count))
-    train = tf.function(table.train_lookup)
+    # one trace for all batch lengths (a trace per length took most of the time)
+    train = tf.function(table.train_lookup, input_signature=[tf.TensorSpec([None], tf.int64)])
     model = DictModel(capacity, min_count)
     for step in range(40):
         # a drifting id range: repeats, new ids, and (capacity 7) a full table; 64-bit ids

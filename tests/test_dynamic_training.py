@@ -84,13 +84,21 @@ def numpy_probabilities(ckpt, numerical, categorical):
     return 1 / (1 + np.exp(-y[:, 0]))
 
 
-def test_served_model_answers_unseen_and_negative_ids(tmp_path):
+@pytest.fixture(scope="module")
+def day_zero(tmp_path_factory):
+    """The checkpoint of 4 epochs over a day of ids 0..39, and its log: served, and the day
+    that the next day's training continues from (read only)."""
+    out = tmp_path_factory.mktemp("day0")
+    data = write_day(out / "d", np.arange(40), 2048, 1)
+    run_main(*MODEL, "--dataset_path", data, "--save_checkpoint_path", str(out / "ckpt"),
+             "--epochs", "4", "--log_path", str(out / "train.json"))
+    return data, out / "ckpt", out / "train.json"
+
+
+def test_served_model_answers_unseen_and_negative_ids(day_zero, tmp_path):
     import tensorflow as tf
-    data = write_day(tmp_path / "d", np.arange(40), 2048, 1)
-    ckpt = tmp_path / "ckpt"
-    run_main(*MODEL, "--dataset_path", data, "--save_checkpoint_path", str(ckpt),
-             "--epochs", "4", "--log_path", str(tmp_path / "train.json"))
-    assert final_metrics(tmp_path / "train.json")["auc"] > 0.75
+    data, ckpt, log = day_zero
+    assert final_metrics(log)["auc"] > 0.75
     exported = tmp_path / "saved_model"
     run_main(*MODEL, "--dataset_path", data, "--mode", "deploy", "--restore_checkpoint_path",
              str(ckpt), "--saved_model_output_path", str(exported),
@@ -107,17 +115,15 @@ def test_served_model_answers_unseen_and_negative_ids(tmp_path):
                                rtol=1e-4, atol=1e-5)
 
 
-def test_day_one_ids_get_rows_of_their_own(tmp_path):
-    day0 = write_day(tmp_path / "day0", np.arange(0, 30), 1024, 3)
-    day1 = write_day(tmp_path / "day1", np.arange(20, 50), 1024, 4)
-    run_main(*MODEL, "--dataset_path", day0, "--save_checkpoint_path", str(tmp_path / "ck0"),
-             "--log_path", str(tmp_path / "day0.json"))
-    before = set(np.load(tmp_path / "ck0" / "dynamic_0.npz")["keys"].tolist())
-    run_main(*MODEL, "--dataset_path", day1, "--restore_checkpoint_path",
-             str(tmp_path / "ck0"), "--continue_on_new_data", "--save_checkpoint_path",
-             str(tmp_path / "ck1"), "--log_path", str(tmp_path / "day1.json"))
+def test_day_one_ids_get_rows_of_their_own(day_zero, tmp_path):
+    _, ck0, _ = day_zero  # ids 0..39
+    day1 = write_day(tmp_path / "day1", np.arange(30, 60), 1024, 4)
+    before = set(np.load(ck0 / "dynamic_0.npz")["keys"].tolist())
+    run_main(*MODEL, "--dataset_path", day1, "--restore_checkpoint_path", str(ck0),
+             "--continue_on_new_data", "--save_checkpoint_path", str(tmp_path / "ck1"),
+             "--log_path", str(tmp_path / "day1.json"))
     after = set(np.load(tmp_path / "ck1" / "dynamic_0.npz")["keys"].tolist())
-    day1_only = set(hashed(np.arange(30, 50)).tolist())
+    day1_only = set(hashed(np.arange(40, 60)).tolist())
     assert not before & day1_only
     assert day1_only <= after  # every id first seen on day 1 holds a row
     assert sorted(step_losses(tmp_path / "day1.json")) == list(range(1, 7))  # a new run

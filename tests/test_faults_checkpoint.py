@@ -14,6 +14,7 @@ import pytest
 
 from conftest import ROOT
 from test_trainer import tiny_trainer
+from test_training import main_in_process
 from training import checkpoint
 from training.checkpoint import CheckpointError
 
@@ -47,8 +48,7 @@ def leftovers(directory):
 @pytest.fixture(scope="module")
 def saved(tmp_path_factory):
     path = str(tmp_path_factory.mktemp("ck") / "ck")
-    proc, errors = run(DLRM + ["--save_checkpoint_path", path, "--log_path", path + ".json"])
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    main_in_process(DLRM[2:] + ["--save_checkpoint_path", path, "--log_path", path + ".json"])
     return path
 
 

@@ -1,15 +1,12 @@
 """The three SavedModels with ids outside their tables: the batch is served, each such id
 reads the documented row (0; for SIM the padding id 0) and is counted in out_of_range_ids;
 a Wide & Deep multi-hot length above its hotness is refused naming the feature."""
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import ROOT
+from test_sim_training import run_main as run_sim_main
+from test_training import main_in_process
 
 CARDINALITIES = (200, 500, 50)
 
@@ -21,15 +18,12 @@ def served(serve, inputs):
 
 def test_dlrm_out_of_range_ids_read_row_zero(tmp_path):
     exported = tmp_path / "saved_model"
-    proc = subprocess.run(
-        [sys.executable, "main.py", "--mode", "deploy", "--dataset_type", "synthetic",
-         "--synthetic_dataset_cardinalities", ",".join(map(str, CARDINALITIES)),
-         "--synthetic_dataset_num_numerical_features", "4", "--embedding_dim", "8",
-         "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--cpu",
-         "--saved_model_output_path", str(exported), "--log_path", str(tmp_path / "log.json")],
-        cwd=ROOT, capture_output=True, text=True,
-        timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    main_in_process(["--mode", "deploy", "--dataset_type", "synthetic",
+                     "--synthetic_dataset_cardinalities", ",".join(map(str, CARDINALITIES)),
+                     "--synthetic_dataset_num_numerical_features", "4", "--embedding_dim", "8",
+                     "--bottom_mlp_dims", "16,8", "--top_mlp_dims", "16,1", "--cpu",
+                     "--saved_model_output_path", str(exported),
+                     "--log_path", str(tmp_path / "log.json")])
     serve = tf.saved_model.load(str(exported)).signatures["serving_default"]
     rng = np.random.default_rng(0)
     numerical = rng.standard_normal((6, 4)).astype(np.float32)
@@ -109,13 +103,10 @@ def test_sim_out_of_range_ids_read_the_padding_id(tmp_path):
     from sim.synthetic import write
     data, export = str(tmp_path / "data"), str(tmp_path / "saved_model")
     write(data, users=300, items=200, categories=8, history_length=100)
-    proc = subprocess.run([sys.executable, "-m", "sim.main", "--dataset_dir", data, "--cpu",
-                           "--results_dir", str(tmp_path / "r"), "--epochs", "1",
-                           "--global_batch_size", "128", "--stage_one_mlp_dims", "16",
-                           "--stage_two_mlp_dims", "16,8", "--aux_mlp_dims", "8",
-                           "--export_path", export], cwd=ROOT, capture_output=True, text=True,
-                          timeout=600, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    run_sim_main(["--dataset_dir", data, "--cpu", "--results_dir", str(tmp_path / "r"),
+                  "--epochs", "1", "--global_batch_size", "128", "--stage_one_mlp_dims", "16",
+                  "--stage_two_mlp_dims", "16,8", "--aux_mlp_dims", "8", "--export_path",
+                  export])
     from core.columnar import open_reader
     from core.sources import load_spec
     from sim.contract import SIM_CONTRACT, TARGET_CHANNEL, POSITIVE_CHANNEL

@@ -4,7 +4,8 @@ computation of the documented rules (preproc/README.md).
 The 10,000 real rows of kaggle_train_head10k.txt become day_0 / day_1 / day_2, plus two
 hand-made lines at the end of day_0: one well-formed line with odd numbers (non-integer,
 huge, negative) and one malformed line (39 fields) that must be dropped. Spark runs three
-times in all (thresholds 0 and 2, and a re-run of 2), in a module-scoped fixture.
+times in all (thresholds 0 and 2, and a re-run of 2), in a session-scoped fixture
+(conftest.py's spark_runs).
 """
 import gzip
 import hashlib
@@ -165,10 +166,10 @@ def dirs_env(root, tag):
             "final_output_dir": os.path.join(root, tag, "dataset")}
 
 
-@pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def spark_preproc_runs(root):
+    """The script's Spark runs into directory root: conftest.py's `spark_runs`, once a
+    session (test_preproc_cluster.py compares its cluster run with them)."""
     require_or_skip(os.path.isfile(HEAD), DATA_REASON)
-    root = str(tmp_path_factory.mktemp("preproc"))
     days = make_days(os.path.join(root, "raw"))
     result = {"root": root, "days": days}
     # threshold 0 also sends the features with the largest dictionaries through their own
@@ -195,8 +196,8 @@ def runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def expected(runs):
-    return {t: reference(runs["days"], t) for t in (0, 2)}
+def expected(spark_runs):
+    return {t: reference(spark_runs["days"], t) for t in (0, 2)}
 
 
 @pytest.fixture(scope="module")
@@ -225,8 +226,8 @@ def local_runs(tmp_path_factory):
 
 # ---- tests ------------------------------------------------------------------------------
 @pytest.mark.parametrize("threshold", [0, 2])
-def test_rows_labels_and_spec(runs, expected, threshold):
-    spec, data = runs[threshold]["output"]
+def test_rows_labels_and_spec(spark_runs, expected, threshold):
+    spec, data = spark_runs[threshold]["output"]
     ref, cards, _ = expected[threshold]
     rows = {m: len(ref[m]["label"]) for m in MAPPINGS}
     # 3334 real + odd line (malformed dropped) + 3333 train; day_2: 1666 validation, 1667 test
@@ -243,13 +244,13 @@ def test_rows_labels_and_spec(runs, expected, threshold):
                          if card - 1 <= np.iinfo(t).max)
         assert spec["feature_spec"][f"cat_{i}"]["dtype"] == narrowest
     assert all(spec["feature_spec"][f"num_{i}"]["dtype"] == "float16" for i in range(13))
-    summary = runs[threshold]["summary"]
+    summary = spark_runs[threshold]["summary"]
     assert summary["rows"] == rows and summary["cardinalities"] == cards
     assert set(summary["seconds"]) >= {"parse", "positions", "dictionaries", "apply", "convert"}
-    stdout = runs[threshold]["stdout"]
+    stdout = spark_runs[threshold]["stdout"]
     assert "summary" in stdout and "stage 5/5" in stdout
     if threshold == 0:  # the day files were read in many splits (one parquet file each)
-        parsed = os.path.join(runs[0]["env"]["spark_output_path"], "parsed")
+        parsed = os.path.join(spark_runs[0]["env"]["spark_output_path"], "parsed")
         assert len([f for f in os.listdir(parsed) if f.endswith(".parquet")]) >= 20
     alone = int(re.search(r"(\d+) joined alone", stdout).group(1))
     assert alone > 0 if threshold == 0 else alone == 0  # both lookup paths ran
@@ -261,8 +262,8 @@ def test_threshold_shrinks_cardinalities(expected):
 
 
 @pytest.mark.parametrize("threshold", [0, 2])
-def test_categorical_ids_match_reference(runs, expected, threshold):
-    _, data = runs[threshold]["output"]
+def test_categorical_ids_match_reference(spark_runs, expected, threshold):
+    _, data = spark_runs[threshold]["output"]
     ref = expected[threshold][0]
     for mapping in MAPPINGS:
         for i in range(26):
@@ -278,7 +279,7 @@ def ids_of(runs, threshold, mapping, feature, raw_value, expected):
     return set(runs[threshold]["output"][1][mapping]["categorical"][feature][rows].tolist())
 
 
-def test_chosen_raw_values(runs, expected):
+def test_chosen_raw_values(spark_runs, expected):
     train = expected[0][0]["train"]["raw"]
     test = expected[0][0]["test"]["raw"]
     # the most frequent training value of each feature gets id 1 at every threshold
@@ -286,25 +287,25 @@ def test_chosen_raw_values(runs, expected):
         top = train[f"C{feature + 1}"].value_counts()
         top = sorted(top[top == top.max()].index)[0]
         for t in (0, 2):
-            assert ids_of(runs, t, "train", feature, top, expected) == {1}
+            assert ids_of(spark_runs, t, "train", feature, top, expected) == {1}
     # the missing value "" is a value of its own: same id as in the reference, not 0
     missing_feature = int(np.argmax([(train[f"C{i}"] == "").sum() for i in range(1, 27)]))
     for t in (0, 2):
         ref_id = expected[t][2][missing_feature][""]
         assert ref_id > 0
-        assert ids_of(runs, t, "train", missing_feature, "", expected) == {ref_id}
+        assert ids_of(spark_runs, t, "train", missing_feature, "", expected) == {ref_id}
     # a value seen once in training: its own id at threshold 0, the shared id 0 at threshold 2
     counts = train["C4"].value_counts()
     once = sorted(counts[counts == 1].index)[0]
-    assert ids_of(runs, 0, "train", 3, once, expected) == {expected[0][2][3][once]} != {0}
-    assert ids_of(runs, 2, "train", 3, once, expected) == {0}
+    assert ids_of(spark_runs, 0, "train", 3, once, expected) == {expected[0][2][3][once]} != {0}
+    assert ids_of(spark_runs, 2, "train", 3, once, expected) == {0}
     # the hand-made line's categorical value occurs once: 0 at threshold 2
-    assert ids_of(runs, 2, "train", 25, "oddvalue", expected) == {0}
+    assert ids_of(spark_runs, 2, "train", 25, "oddvalue", expected) == {0}
     # a test-day value never seen in training gets 0 at both thresholds
     seen = set(train["C3"])
     unseen = sorted(v for v in set(test["C3"]) if v not in seen)[0]
     for t in (0, 2):
-        assert ids_of(runs, t, "test", 2, unseen, expected) == {0}
+        assert ids_of(spark_runs, t, "test", 2, unseen, expected) == {0}
     # ids are consecutive from 1 in the order of descending training count
     for t in (0, 2):
         d = expected[t][2][0]
@@ -312,8 +313,8 @@ def test_chosen_raw_values(runs, expected):
 
 
 @pytest.mark.parametrize("threshold", [0, 2])
-def test_numerical_transform(runs, expected, threshold):
-    _, data = runs[threshold]["output"]
+def test_numerical_transform(spark_runs, expected, threshold):
+    _, data = spark_runs[threshold]["output"]
     ref = expected[threshold][0]
     for mapping in MAPPINGS:
         got = data[mapping]["numerical"].astype(np.float64)
@@ -330,46 +331,46 @@ def test_numerical_transform(runs, expected, threshold):
     assert data["train"]["label"][DAY_BOUNDS[1]]
 
 
-def test_rerun_is_identical_and_replaces(runs):
-    assert runs["before"] == runs["after"]
-    assert runs["models_before"] == runs["models_after"]
-    files = runs["after"]["final_output_dir"]
+def test_rerun_is_identical_and_replaces(spark_runs):
+    assert spark_runs["before"] == spark_runs["after"]
+    assert spark_runs["models_before"] == spark_runs["models_after"]
+    files = spark_runs["after"]["final_output_dir"]
     assert sorted(files) == sorted(["feature_spec.yaml"] + [
         f"{m}/{n}" for m in MAPPINGS for n in ["label.bin", "numerical.bin"]
         + [f"cat_{i}.bin" for i in range(26)]])
-    parent = os.path.dirname(runs[2]["env"]["final_output_dir"])
+    parent = os.path.dirname(spark_runs[2]["env"]["final_output_dir"])
     assert not [n for n in os.listdir(parent) if ".tmp" in n]  # no temp dirs left behind
 
 
-def test_dataset_opens_with_the_library(runs):
+def test_dataset_opens_with_the_library(spark_runs):
     sys.path.insert(0, ROOT)
     from core.sources import load_spec
     from dlrm_contract import DLRM_CONTRACT
     from datasets import SplitBinaryReader
-    spec = load_spec(runs[2]["env"]["final_output_dir"], DLRM_CONTRACT)
+    spec = load_spec(spark_runs[2]["env"]["final_output_dir"], DLRM_CONTRACT)
     reader = SplitBinaryReader(spec, "validation", batch_size=1000)
     numerical, categorical, label = reader.get(0)
     assert numerical.shape == (1000, 13) and len(categorical) == 26 and label.shape == (1000,)
     reader.close()
 
 
-def test_dictionaries_saved(runs):
-    models = os.path.join(runs[2]["env"]["spark_output_path"], "models")
+def test_dictionaries_saved(spark_runs):
+    models = os.path.join(spark_runs[2]["env"]["spark_output_path"], "models")
     table = pq.read_table(os.path.join(models, "feature=0")).to_pandas()
     assert set(table.columns) >= {"value", "id", "count"}
-    cards = runs[2]["summary"]["cardinalities"]
+    cards = spark_runs[2]["summary"]["cardinalities"]
     assert sorted(table["id"]) == list(range(1, cards[0]))
     assert (table["count"] >= 2).all()
 
 
-def test_last_day_first_half_is_validation_second_half_test(runs, local_runs):
+def test_last_day_first_half_is_validation_second_half_test(spark_runs, local_runs):
     """As in the reference preprocessing: the first half of the last day (by line) is the
     validation set, the second half the hold-out test set. Expected values straight from the
     raw lines of day_2."""
-    last = runs["days"][2]
+    last = spark_runs["days"][2]
     half = len(last) // 2
     first = last[0].split("\t")
-    for output in (runs[0]["output"][1], local_runs[0]["output"][1]):
+    for output in (spark_runs[0]["output"][1], local_runs[0]["output"][1]):
         assert len(output["validation"]["label"]) == half == 1666
         assert len(output["test"]["label"]) == len(last) - half == 1667
         assert output["validation"]["label"].tolist() == [l[0] == "1" for l in last[:half]]
@@ -396,8 +397,8 @@ def test_local_engine_matches_reference(local_runs, threshold):
 
 
 @pytest.mark.parametrize("threshold", [0, 2])
-def test_engines_write_identical_bytes(runs, local_runs, threshold):
-    spark_env, local_env = runs[threshold]["env"], local_runs[threshold]["env"]
+def test_engines_write_identical_bytes(spark_runs, local_runs, threshold):
+    spark_env, local_env = spark_runs[threshold]["env"], local_runs[threshold]["env"]
     assert tree_digest(local_env["final_output_dir"]) == \
         tree_digest(spark_env["final_output_dir"])
     spark_models = models_content(os.path.join(spark_env["spark_output_path"], "models"))

@@ -11,8 +11,7 @@ import urllib.request
 import pytest
 
 from conftest import require_or_skip
-from test_preproc import (HAS_JAVA, HEAD, dirs_env, make_days, models_content, run_script,
-                          tree_digest)
+from test_preproc import HAS_JAVA, HEAD, dirs_env, models_content, run_script, tree_digest
 
 MASTER = "org.apache.spark.deploy.master.Master"
 WORKER = "org.apache.spark.deploy.worker.Worker"
@@ -82,21 +81,24 @@ def standalone_cluster(tmp_path):
                            timeout=60)
 
 
-def test_standalone_cluster_output_is_byte_identical_to_local_mode(standalone_cluster,
+def test_standalone_cluster_output_is_byte_identical_to_local_mode(spark_runs,
+                                                                    standalone_cluster,
                                                                     tmp_path):
+    """The cluster run against test_preproc.py's local-mode run of the same command (threshold
+    2, the same day files), made once a session."""
     require_or_skip(os.path.isfile(HEAD), "needs the real Criteo rows (shared/data/criteo)")
     url, cluster_env = standalone_cluster
-    make_days(str(tmp_path / "raw"))
+    local = spark_runs[2]["env"]
+    env = dict(dirs_env(str(tmp_path), "cluster"), download_dir=local["download_dir"],
+               SPARK_LOCAL_IP="127.0.0.1", SPARK_MASTER=url, TOTAL_MEMORY="768m",
+               DRIVER_MEMORY="1g", EXECUTOR_CORES="2")
+    run_script(["CPU", "2"], env)
     outputs = {}
-    for tag, extra in (("local", {}),
-                       ("cluster", {"SPARK_MASTER": url, "TOTAL_MEMORY": "768m",
-                                    "DRIVER_MEMORY": "1g", "EXECUTOR_CORES": "2"})):
-        env = dict(dirs_env(str(tmp_path), tag), SPARK_LOCAL_IP="127.0.0.1", **extra)
-        run_script(["CPU", "2"], env)
-        with open(os.path.join(env["spark_output_path"], "summary.json")) as f:
+    for tag, dirs in (("local", local), ("cluster", env)):
+        with open(os.path.join(dirs["spark_output_path"], "summary.json")) as f:
             summary = json.load(f)
-        outputs[tag] = (tree_digest(env["final_output_dir"]),
-                        models_content(os.path.join(env["spark_output_path"], "models")),
+        outputs[tag] = (tree_digest(dirs["final_output_dir"]),
+                        models_content(os.path.join(dirs["spark_output_path"], "models")),
                         summary)
     assert outputs["cluster"][2]["master"] == url
     assert outputs["local"][2]["master"].startswith("local")

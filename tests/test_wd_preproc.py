@@ -2,14 +2,12 @@
 tables, every output column checked against an independent pandas computation."""
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pandas as pd
 import pytest
 
-from conftest import ROOT, require_or_skip
+from conftest import require_or_skip
 
 REAL = "/work/shared/data/outbrain"
 SEED, THRESHOLD, MIN_VIEWS = 3, 2, 2
@@ -110,13 +108,17 @@ def expected(raw):
 
 
 def prepare(raw, out, master="local[2]", partitions=2):
-    result = subprocess.run(
-        [sys.executable, "-m", "wide_and_deep.preproc.prepare_dataset", "--outbrain_path",
-         str(raw), "--output_path", str(out), "--seed", str(SEED), "--frequency_threshold",
-         str(THRESHOLD), "--ctr_min_views", str(MIN_VIEWS), "--shuffle_partitions",
-         str(partitions), "--master", master], cwd=ROOT, capture_output=True, text=True,
-        timeout=600)
-    assert result.returncode == 0, result.stderr[-3000:]
+    """The job in this process: each run starts its Spark session and stops it, on the JVM
+    that pyspark keeps for the process (its start-up and warm-up paid once)."""
+    from pyspark.sql import SparkSession
+
+    from wide_and_deep.preproc import prepare_dataset
+    # a session left active would be reused by the job, with its master, not `master`
+    assert SparkSession.getActiveSession() is None
+    assert prepare_dataset.main(
+        ["--outbrain_path", str(raw), "--output_path", str(out), "--seed", str(SEED),
+         "--frequency_threshold", str(THRESHOLD), "--ctr_min_views", str(MIN_VIEWS),
+         "--shuffle_partitions", str(partitions), "--master", master]) == 0
     return str(out)
 
 

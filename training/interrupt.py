@@ -18,14 +18,15 @@ import sys
 import threading
 import time
 
+from core.cli import ERROR_STATUS
+
 GRACE_S = 3.0  # horovodrun sends SIGKILL 5 s after its SIGTERM
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
-EXIT_STATUS = 2
 
 
 class StopOnSignal:
     """A context for the training loop: `check(step)` (between steps) ends the process with
-    EXIT_STATUS once SIGINT or SIGTERM arrived; `step` is the last step it saw."""
+    ERROR_STATUS once SIGINT or SIGTERM arrived; `step` is the last step it saw."""
 
     def __init__(self, rank: int = 0, grace_s: float = GRACE_S):
         self.rank, self.grace_s = rank, grace_s
@@ -62,7 +63,7 @@ class StopOnSignal:
 
     def check(self, step: int) -> None:
         if self._announced.is_set():
-            raise SystemExit(EXIT_STATUS)
+            raise SystemExit(ERROR_STATUS)
         self.step = step
 
     def _watch(self):
@@ -79,4 +80,4 @@ class StopOnSignal:
         while (left := deadline - time.monotonic()) > 0:
             if select.select([self._read], [], [], left)[0] and os.read(self._read, 1) != b"\0":
                 break  # a second signal ends the process now
-        os._exit(EXIT_STATUS)
+        os._exit(ERROR_STATUS)
