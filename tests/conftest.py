@@ -83,6 +83,9 @@ def drop_cli_flags(module_name: str) -> None:
         if flags.FLAGS.find_module_defining_flag(name) == module_name:
             delattr(flags.FLAGS, name)
     sys.modules.pop(module_name, None)
+    package, _, name = module_name.rpartition(".")
+    if package in sys.modules:  # else `from sim import main` gets the forgotten module back
+        vars(sys.modules[package]).pop(name, None)
 
 
 def bounded_run(cmd, timeout, env=None, cwd=ROOT):

@@ -197,12 +197,31 @@ def test_global_batch_smaller_than_the_world_is_rejected(tmp_path):
         proc.stdout + proc.stderr
 
 
+def rank_process(log_path, rank, wait_s=30):
+    """The python process of one rank, found among all processes by the log path on its
+    command line (unique to the test): horovodrun's launcher may re-parent its ranks, so
+    they need not be descendants of the horovodrun process."""
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        for p in psutil.process_iter():
+            try:
+                cmdline = " ".join(p.cmdline())
+                if ("main.py" in cmdline and log_path in cmdline
+                        and p.environ().get("HOROVOD_RANK") == rank):
+                    return p
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        time.sleep(0.5)
+    pytest.fail(f"no process of rank {rank} with {log_path} on its command line",
+                pytrace=False)
+
+
 def test_killed_rank_ends_the_job(tmp_path):
     log = tmp_path / "log.json"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "main.py",
            *MODEL, *TRAIN, "--synthetic_dataset_train_batches", "100000", "--log_path",
-           str(log)]
+           str(log), "--learning_rate", "0.5"]  # the default 24 diverges on this long run
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:
@@ -210,9 +229,7 @@ def test_killed_rank_ends_the_job(tmp_path):
         while time.time() < deadline and not (log.exists() and len(losses(log)) >= 3):
             time.sleep(0.5)
         assert log.exists() and len(losses(log)) >= 3, "training never started"
-        victim = next(p for p in psutil.Process(proc.pid).children(recursive=True)
-                      if "main.py" in " ".join(p.cmdline())
-                      and p.environ().get("HOROVOD_RANK") == "1")
+        victim = rank_process(str(log), rank="1")
         victim.send_signal(signal.SIGKILL)
         killed_at = time.time()
         try:

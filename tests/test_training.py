@@ -1,5 +1,5 @@
 """main.py end to end on CPU: learning on planted signal, resume equality, eval/inference/
-deploy, checkpoints, logs and clear errors."""
+deploy, checkpoints, logs and clear errors (run_main: where each run runs)."""
 import json
 import os
 import subprocess
