@@ -1,7 +1,7 @@
-"""The project's own CPU kernels (ops/*.cc), compiled against the installed TensorFlow into
-build/ by `python -m core.fused_ops --build` (tools/setup_env.sh runs it). Where a library is not
-built, or a variable lives on a GPU, callers take the TensorFlow-op path, which computes the
-same thing more slowly: `lazy_adam_rows(var)` returns None then.
+"""The project's own CPU kernels (ops/<name>.cc -> build/<name>.so), compiled against the
+installed TensorFlow by `python -m core.fused_ops --build` (tools/setup_env.sh runs it).
+Where a library is not built, or the work runs on a GPU, callers take the TensorFlow-op
+path, which computes the same thing more slowly: `lazy_adam_rows(var)` and `recurrent_cells()` return None then.
 """
 from __future__ import annotations
 
@@ -14,58 +14,82 @@ import sys
 import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
-SOURCE = os.path.join(ROOT, "ops", "lazy_adam_rows.cc")
-LIBRARY = os.path.join(ROOT, "build", "lazy_adam_rows.so")
-DIGEST = LIBRARY + ".sha1"  # the sha1 of the source the library was built from
+# one library per source: build/<name>.so from ops/<name>.cc
+KERNELS = ("lazy_adam_rows", "recurrent_cells")
 _loaded = {}
 
 
-def _source_digest() -> str:
-    with open(SOURCE, "rb") as f:
+def source(name: str) -> str:
+    return os.path.join(ROOT, "ops", f"{name}.cc")
+
+
+def library_path(name: str) -> str:
+    return os.path.join(ROOT, "build", f"{name}.so")
+
+
+def _digest_path(name: str) -> str:  # the sha1 of the source the library was built from
+    return library_path(name) + ".sha1"
+
+
+def _source_digest(name: str) -> str:
+    with open(source(name), "rb") as f:
         return hashlib.sha1(f.read()).hexdigest()
 
 
-def is_current() -> bool:
-    """The library exists and was built from the current source."""
-    if not os.path.isfile(LIBRARY) or not os.path.isfile(DIGEST):
+def is_current(name: str = "") -> bool:
+    """The library (every library when no name is given) exists and was built from the
+    current source."""
+    if not name:
+        return all(is_current(n) for n in KERNELS)
+    if not os.path.isfile(library_path(name)) or not os.path.isfile(_digest_path(name)):
         return False
-    with open(DIGEST) as f:
-        return f.read().strip() == _source_digest()
+    with open(_digest_path(name)) as f:
+        return f.read().strip() == _source_digest(name)
 
 
-def build() -> str:
-    """Compiles the library (staged, then renamed into place); returns its path."""
-    os.makedirs(os.path.dirname(LIBRARY), exist_ok=True)
-    staged = f"{LIBRARY}.tmp{os.getpid()}"
+def build(name: str) -> str:
+    """Compiles one library (staged, then renamed into place); returns its path."""
+    target = library_path(name)
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    staged = f"{target}.tmp{os.getpid()}"
     # AVX2 + FMA: every x86 machine the toolkit targets has them
-    cmd = ["g++", "-O3", "-mavx2", "-mfma", "-shared", "-fPIC", SOURCE, "-o", staged,
+    cmd = ["g++", "-O3", "-mavx2", "-mfma", "-shared", "-fPIC", source(name), "-o", staged,
            *tf.sysconfig.get_compile_flags(), *tf.sysconfig.get_link_flags()]
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0:
         first = next((line for line in done.stderr.splitlines() if "error" in line),
                      done.stderr.strip()[-500:])
-        raise OSError(f"building {SOURCE} with g++ failed: {first}")
-    os.replace(staged, LIBRARY)
-    with open(DIGEST, "w") as f:
-        f.write(_source_digest() + "\n")
-    return LIBRARY
+        raise OSError(f"building {source(name)} with g++ failed: {first}")
+    os.replace(staged, target)
+    with open(_digest_path(name), "w") as f:
+        f.write(_source_digest(name) + "\n")
+    return target
 
 
-def library():
+def library(name: str):
     """The loaded op library, or None when it is not built from the current source."""
-    if "lib" not in _loaded:
-        _loaded["lib"] = tf.load_op_library(LIBRARY) if is_current() else None
-    return _loaded["lib"]
+    if name not in _loaded:
+        _loaded[name] = tf.load_op_library(library_path(name)) if is_current(name) else None
+    return _loaded[name]
 
 
 @tf.autograph.experimental.do_not_convert  # plain Python, called while tracing
 def lazy_adam_rows(var):
     """The LazyAdamRows op (ops/lazy_adam_rows.cc) for a float32 table in host memory, else
     None."""
-    lib = library()
+    lib = library("lazy_adam_rows")
     if lib is None or var.dtype != tf.float32 or "GPU" in var.device.upper():
         return None
     return lib.lazy_adam_rows
+
+
+@tf.autograph.experimental.do_not_convert
+def recurrent_cells(dtype=tf.float32):
+    """The GRU / AUGRU cell ops (ops/recurrent_cells.cc) for float32 compute on a CPU, else
+    None."""
+    if dtype != tf.float32 or tf.config.list_logical_devices("GPU"):
+        return None
+    return library("recurrent_cells")
 
 
 def main():
@@ -73,8 +97,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--build", action="store_true",
                    help="compile what is missing or built from another source")
-    build_now = p.parse_args().build and not is_current()
-    return run_cli(lambda: f"[setup] built {build()}" if build_now else None)
+    stale = [n for n in KERNELS if not is_current(n)] if p.parse_args().build else []
+    return run_cli(lambda: "\n".join(f"[setup] built {build(n)}" for n in stale) or None)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from core import fused_ops
 from core.initializers import glorot_normal
 from core.layers import MLP
 
@@ -307,7 +308,53 @@ def gru_states(projected, recurrent, recurrent_bias):
     """ResetAfterGRU's recurrence over projected [B, S, 3H] (x W + b of every step) ->
     states [B, S, H], unrolled over the static steps (no while loop), with its gradient
     written by hand: autodiff of the unrolled cell costs about twice the ops per step, and a
-    matmul per step for the recurrent kernel's gradient, here one over all steps. Backward,
+    matmul per step for the recurrent kernel's gradient, here one over all steps. In float32
+    on a CPU each step's element-wise work is one op each way (ops/recurrent_cells.cc)."""
+    cells = fused_ops.recurrent_cells(projected.dtype)
+    if cells is not None:
+        return fused_gru_states(cells, projected, recurrent, recurrent_bias)
+    return gru_states_by_tf_ops(projected, recurrent, recurrent_bias)
+
+
+def fused_gru_states(cells, projected, recurrent, recurrent_bias):
+    """gru_states with the cell ops between TensorFlow's matmuls; the formulas are those of
+    ops/recurrent_cells.cc and of gru_states_by_tf_ops."""
+
+    @tf.custom_gradient
+    def run(projected, recurrent, recurrent_bias):
+        h = tf.zeros([tf.shape(projected)[0], recurrent.shape[0]], projected.dtype)
+        saved = {"h_prev": [], "zr": [], "n": [], "hu_n": []}
+        for t in range(projected.shape[1]):
+            saved["h_prev"].append(h)
+            h, zr, n, hu_n = cells.gru_cell_forward(tf.matmul(h, recurrent), projected, t,
+                                                    recurrent_bias, h)
+            for name, value in (("zr", zr), ("n", n), ("hu_n", hu_n)):
+                saved[name].append(value)
+        states = tf.stack(saved["h_prev"][1:] + [h], 1)
+
+        def grad(d_states):
+            carry = rec = tf.zeros_like(h)
+            d_x, d_hu = [], []
+            for t in reversed(range(len(saved["zr"]))):
+                dx, dhu, carry = cells.gru_cell_backward(
+                    carry, rec, d_states, t, saved["zr"][t], saved["n"][t], saved["hu_n"][t],
+                    saved["h_prev"][t])
+                d_x.append(dx)
+                d_hu.append(dhu)
+                if t:
+                    rec = tf.matmul(dhu, recurrent, transpose_b=True)
+            d_hu = d_hu[::-1]
+            # h_prev of step 0 is 0: no share in the recurrent kernel's gradient
+            d_recurrent = tf.matmul(tf.concat(saved["h_prev"][1:], 0), tf.concat(d_hu[1:], 0),
+                                    transpose_a=True)
+            return (tf.stack(d_x[::-1], 1), d_recurrent,
+                    tf.reduce_sum(tf.add_n(d_hu), 0))
+        return states, grad
+    return run(projected, recurrent, recurrent_bias)
+
+
+def gru_states_by_tf_ops(projected, recurrent, recurrent_bias):
+    """gru_states as TensorFlow ops (any dtype, any device). Backward,
     with dh the state's gradient:
         d n_pre = dh (1 - z)(1 - n^2),   d [z, r]_pre = [dh (h_prev - n), d n_pre hu_n] z'
         (z' = s (1 - s)),   d hu = [d [z, r]_pre, r d n_pre],   dh_prev = z dh + d hu U^T."""
@@ -397,7 +444,57 @@ class AUGRU(tf.Module):
 def augru_last_state(projected, keep, gate_kernel, candidate_kernel):
     """AUGRU's recurrence over projected [B, S, 3H] ([x Wg + bg, x Wc + bc] of every step),
     keep = 1 - attention [B, S] -> the last state [B, H]; unrolled, gradient by hand as
-    gru_states'. With k u the attended update gate and dh the state's gradient:
+    gru_states', with the same cell ops in float32 on a CPU."""
+    cells = fused_ops.recurrent_cells(projected.dtype)
+    if cells is not None:
+        return fused_augru_last_state(cells, projected, keep, gate_kernel, candidate_kernel)
+    return augru_last_state_by_tf_ops(projected, keep, gate_kernel, candidate_kernel)
+
+
+def fused_augru_last_state(cells, projected, keep, gate_kernel, candidate_kernel):
+    """augru_last_state with the cell ops between TensorFlow's matmuls (two each way per
+    step: the candidate reads r h, the gates' gradient reads the candidate's)."""
+
+    @tf.custom_gradient
+    def run(projected, keep, gate_kernel, candidate_kernel):
+        h = tf.zeros([tf.shape(projected)[0], candidate_kernel.shape[0]], projected.dtype)
+        saved = {"h_prev": [], "g": [], "rh": [], "c": []}
+        for t in range(projected.shape[1]):
+            g, rh = cells.augru_gates(tf.matmul(h, gate_kernel), projected, t, h)
+            for name, value in (("h_prev", h), ("g", g), ("rh", rh)):
+                saved[name].append(value)
+            h, c = cells.augru_update(tf.matmul(rh, candidate_kernel), projected, t, keep, g, h)
+            saved["c"].append(c)
+
+        def grad(d_last):
+            carry, rec = d_last, tf.zeros_like(d_last)
+            d_g, d_c, d_keep = [], [], []
+            for t in reversed(range(len(saved["c"]))):
+                dh, dc = cells.augru_backward_candidate(carry, rec, t, keep, saved["g"][t],
+                                                        saved["c"][t])
+                d_rh = tf.matmul(dc, candidate_kernel, transpose_b=True)
+                dg, dk, carry = cells.augru_backward_gates(dh, d_rh, t, keep, saved["g"][t],
+                                                           saved["c"][t], saved["h_prev"][t])
+                d_g.append(dg)
+                d_c.append(dc)
+                d_keep.append(dk)
+                if t:
+                    rec = tf.matmul(dg, gate_kernel, transpose_b=True)
+            d_g, d_c = d_g[::-1], d_c[::-1]
+            # h_prev and r h of step 0 are 0: no share in the kernels' gradients
+            d_gate = tf.matmul(tf.concat(saved["h_prev"][1:], 0), tf.concat(d_g[1:], 0),
+                               transpose_a=True)
+            d_candidate = tf.matmul(tf.concat(saved["rh"][1:], 0), tf.concat(d_c[1:], 0),
+                                    transpose_a=True)
+            d_x = tf.stack([tf.concat(pair, 1) for pair in zip(d_g, d_c)], 1)
+            return d_x, tf.stack(d_keep[::-1], 1), d_gate, d_candidate
+        return h, grad
+    return run(projected, keep, gate_kernel, candidate_kernel)
+
+
+def augru_last_state_by_tf_ops(projected, keep, gate_kernel, candidate_kernel):
+    """augru_last_state as TensorFlow ops (any dtype, any device). With k u the attended
+    update gate and dh the state's gradient:
         d c_pre = dh (1 - k u)(1 - c^2),   d(r h) = d c_pre Wc_h^T,   d(k u) = dh (h_prev - c)
         d [r, u]_pre = [d(r h) h_prev, k d(k u)] g',   d k = sum(u d(k u))
         dh_prev = k u dh + r d(r h) + d [r, u]_pre Wg_h^T."""

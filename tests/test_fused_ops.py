@@ -13,7 +13,7 @@ from conftest import require_or_skip  # noqa: E402
 from core import fused_ops  # noqa: E402
 from core.optimizers import Adam, AdamW  # noqa: E402
 
-require_or_skip(fused_ops.is_current(), "build/lazy_adam_rows.so is not built from "
+require_or_skip(fused_ops.is_current("lazy_adam_rows"), "build/lazy_adam_rows.so is not built from "
                 "ops/lazy_adam_rows.cc (python -m core.fused_ops --build)")
 
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from core import runtime
+from conftest import require_or_skip
 
 runtime.configure()
 import tensorflow as tf  # noqa: E402
@@ -277,13 +278,22 @@ def test_parameter_counts_equal_the_references(stage_one):
         assert count == built[model_type], model_type
 
 
-def test_hand_written_recurrence_gradients_match_autodiff():
-    """gru_states and augru_last_state (gradients by hand) against TensorFlow's autodiff of
-    the cells written out here, for every input, the attention and the kernels."""
+# float64: the TensorFlow-op path; float32: the cell ops of ops/recurrent_cells.cc
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_hand_written_recurrence_gradients_match_autodiff(dtype):
+    """gru_states and augru_last_state (gradients by hand) against TensorFlow's autodiff in
+    float64 of the cells written out here, for every input, the attention and the kernels."""
+    from core import fused_ops
     from sim import blocks
+    if dtype == "float32":
+        require_or_skip(fused_ops.is_current("recurrent_cells"),
+                        "build/recurrent_cells.so is not built (tools/setup_env.sh builds it)")
+        assert fused_ops.recurrent_cells(tf.float32) is not None
+    assert fused_ops.recurrent_cells(tf.float64) is None
     rng = np.random.default_rng(11)
     Bn, S, H = 3, 4, 5
     f64 = tf.float64
+    rtol, atol = (1e-10, 1e-12) if dtype == "float64" else (2e-5, 2e-6)
 
     def const(*shape):
         return tf.constant(rng.normal(0, 0.7, shape), f64)
@@ -318,12 +328,12 @@ def test_hand_written_recurrence_gradients_match_autodiff():
               upstream[:, 0])]
     for ours, plain, args, weights in cases:
         grads = []
-        for fn in (ours, plain):
+        for fn, inputs in ((ours, [tf.cast(a, dtype) for a in args]), (plain, args)):
             with tf.GradientTape() as tape:
-                tape.watch(args)
-                out = fn(*args)
-                loss = tf.reduce_sum(out * weights)
-            grads.append((out.numpy(), tape.gradient(loss, args)))
-        np.testing.assert_allclose(grads[0][0], grads[1][0], rtol=1e-10)
+                tape.watch(inputs)
+                out = fn(*inputs)
+                loss = tf.reduce_sum(out * tf.cast(weights, out.dtype))
+            grads.append((out.numpy(), tape.gradient(loss, inputs)))
+        np.testing.assert_allclose(grads[0][0], grads[1][0], rtol=rtol, atol=atol)
         for got, want in zip(grads[0][1], grads[1][1]):
-            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-9, atol=1e-12)
+            np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=rtol, atol=atol)
