@@ -1,7 +1,8 @@
 """The project's own CPU kernels (ops/<name>.cc -> build/<name>.so), compiled against the
 installed TensorFlow by `python -m core.fused_ops --build` (tools/setup_env.sh runs it).
 Where a library is not built, or the work runs on a GPU, callers take the TensorFlow-op
-path, which computes the same thing more slowly: `lazy_adam_rows(var)` and `recurrent_cells()` return None then.
+path, which computes the same thing more slowly: `lazy_adam_rows(var)` and
+`recurrent_cells()` return None then.
 """
 from __future__ import annotations
 
