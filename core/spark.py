@@ -23,3 +23,20 @@ def start_spark(conf: dict):
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(os.environ.get("SPARK_LOG_LEVEL", "WARN"))
     return spark
+
+
+def stop_spark(spark) -> None:
+    """Stops the session and ends its JVM: pyspark keeps the JVM of a stopped session
+    alive, busy on a core, for as long as the Python process lives (a test session or a
+    notebook that ran a job in process); the next start_spark starts a new one."""
+    from pyspark import SparkContext
+    spark.stop()
+    gateway = SparkContext._gateway
+    if gateway is None:
+        return
+    gateway.shutdown()
+    process = getattr(gateway, "proc", None)  # the JVM pyspark launched, if it did
+    if process is not None:
+        process.kill()
+        process.wait()
+    SparkContext._gateway = SparkContext._jvm = None

@@ -31,7 +31,7 @@ if _REPO not in sys.path:
 
 from core.cli import run_cli  # noqa: E402
 from core.feature_spec import DynamicSpec  # noqa: E402
-from core.spark import start_spark  # noqa: E402
+from core.spark import start_spark, stop_spark  # noqa: E402
 from preproc.spark_data_utils import (PreprocError, NUMERICAL_COLUMNS,  # noqa: E402
                                       CATEGORICAL_COLUMNS, COMBINED_DICTIONARY_MAX, RARE_ID,
                                       FIRST_HALF_SPLIT, SECOND_HALF_SPLIT,
@@ -350,7 +350,7 @@ def run_spark(args, conf: dict, spark=None) -> dict:
         stages.done("apply", t0)
     finally:
         if own_spark:
-            spark.stop()
+            stop_spark(spark)
 
     t0 = stages.start("convert", f"-> {args.final_output_dir}")
     spec, split_rows = convert(transformed_dir, args.final_output_dir, cardinalities,

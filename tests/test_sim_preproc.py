@@ -17,11 +17,11 @@ HISTORY = 4
 @pytest.fixture(scope="module")
 def spark():
     require_or_skip(shutil.which("java") is not None, "Spark needs a Java runtime")
-    from core.spark import start_spark
+    from core.spark import start_spark, stop_spark
     from sim.preproc.prepare_dataset import spark_conf
     session = start_spark(spark_conf("local[2]", shuffle_partitions=2))
     yield session
-    session.stop()
+    stop_spark(session)
 
 
 def generated_raw(directory):
@@ -151,3 +151,4 @@ def test_real_rows_and_thresholds(spark, tmp_path):
     known = item_cat[1:] < num_categories  # unknown-category items are kept, the last id
     assert 0 < known.sum() < len(item_cat) - 1
     check_against_reference(rows.collect(), sequences, item_cat)
+

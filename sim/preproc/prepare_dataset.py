@@ -23,7 +23,7 @@ import numpy as np
 
 from core import runtime
 from core.cli import run_cli
-from core.spark import local_conf, start_spark
+from core.spark import local_conf, start_spark, stop_spark
 from sim import contract
 
 ROWS_PER_FILE = 200_000
@@ -169,8 +169,13 @@ def spark_conf(master, shuffle_partitions: int = 8) -> dict:
 
 
 def run(args, spark=None):
+    """The job on a given session, or on its own (stopped at the end)."""
     if spark is None:
-        spark = start_spark(spark_conf(args.master))
+        own = start_spark(spark_conf(args.master))
+        try:
+            return run(args, own)
+        finally:
+            stop_spark(own)
     spec, rows = build(spark, args.reviews_file, args.metadata_file, args.min_interactions,
                        args.history_length, args.seed)
     return write(spec, rows, args.output_path, args.overwrite)

@@ -17,7 +17,7 @@ import sys
 import time
 
 from core.cli import run_cli
-from core.spark import local_conf, start_spark
+from core.spark import local_conf, start_spark, stop_spark
 from core.files import StagedDirectory
 from core.feature_spec import FeatureSpec
 from wide_and_deep.contract import (DISPLAY_ID, ITEM_ONEHOT, LABEL, NUMERICAL, REQUEST_MULTIHOT,
@@ -149,7 +149,7 @@ def main(argv=None) -> int:
         try:
             run(args, spark)
         finally:
-            spark.stop()
+            stop_spark(spark)
     return run_cli(work, errors=(PreprocError, OSError))
 
 
