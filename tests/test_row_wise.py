@@ -86,14 +86,15 @@ def test_routed_lookup_vectors_gradients_and_bytes_equal_numpy(tmp_path, np_):
 # (values < 64), both row-wise on several processes
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """Full runs on 1, 2 and 3 processes; the first 6 of 12 steps on 2 processes, saved, and
-    the rest resumed from that checkpoint on 1 and on 3 processes."""
+    """Full runs on 1 and 2 processes; the first 6 of 12 steps on 2 processes, saved, and
+    the rest resumed from that checkpoint on 1 and on 3 processes (3 processes train steps
+    7-12 there)."""
     from test_dynamic_training import MODEL, write_day
     base = tmp_path_factory.mktemp("row_wise")
     data = write_day(base / "data", np.arange(30), 2048, 3, static=(1,))
     model = [*MODEL, "--dataset_path", data, "--dynamic_features", "cat_0",
              "--sharding", "row_wise"]
-    for np_ in (1, 2, 3):
+    for np_ in (1, 2):
         launch(np_, "main.py", *model, "--log_path", str(base / f"full{np_}.json"))
     launch(2, "main.py", *model, "--max_steps", "6", "--save_checkpoint_path",
            str(base / "ckpt"), "--log_path", str(base / "first2.json"))
@@ -111,9 +112,8 @@ def assert_same_losses_and_auc(log, reference, first_step):
     assert abs(final(log)["auc"] - final(reference)["auc"]) < 1e-6
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_row_wise_training_matches_one_process(runs, np_):
-    assert_same_losses_and_auc(runs / f"full{np_}.json", runs / "full1.json", 1)
+def test_row_wise_training_matches_one_process(runs):
+    assert_same_losses_and_auc(runs / "full2.json", runs / "full1.json", 1)
     one = losses(runs / "full1.json")
     assert final(runs / "full1.json")["auc"] > 0.55 and one[12] < one[1]  # it learned
 
