@@ -37,11 +37,8 @@ def _source_digest(name: str) -> str:
         return hashlib.sha1(f.read()).hexdigest()
 
 
-def is_current(name: str = "") -> bool:
-    """The library (every library when no name is given) exists and was built from the
-    current source."""
-    if not name:
-        return all(is_current(n) for n in KERNELS)
+def is_current(name: str) -> bool:
+    """The library exists and was built from the current source."""
     if not os.path.isfile(library_path(name)) or not os.path.isfile(_digest_path(name)):
         return False
     with open(_digest_path(name)) as f:
