@@ -14,6 +14,14 @@ if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
 REQUIRE_ALL = "DLRM_REQUIRE_ALL"
+HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def horovodrun(np_: int, *command) -> list:
+    """The command line running `command` on np_ local Gloo ranks, launched by horovod's
+    runner without its per-launch build check (tests/horovodrun_unchecked.py)."""
+    return [sys.executable, os.path.join(ROOT, "tests", "horovodrun_unchecked.py"), "-np",
+            str(np_), "-H", f"localhost:{np_}", "--gloo", *command]
 
 
 def require_or_skip(condition: bool, reason: str) -> None:

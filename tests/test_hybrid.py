@@ -13,12 +13,11 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import bounded_run, require_or_skip
+from conftest import HOROVODRUN, bounded_run, horovodrun, require_or_skip
 from core.dllog import read_log
 from core.parallel.placement import make_plan
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 CARDINALITIES = "3000,2000,300,50,700"
 MODEL = ["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities", CARDINALITIES,
          "--synthetic_dataset_num_numerical_features", "5", "--embedding_dim", "16",
@@ -38,8 +37,7 @@ def launch(np_, *args, timeout=600, env=None):
     if np_ == 1:
         cmd = [sys.executable, "main.py", *args]
     else:
-        cmd = [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
-               sys.executable, "main.py", *args]
+        cmd = horovodrun(np_, sys.executable, "main.py", *args)
     return bounded_run(cmd, timeout, env)
 
 
@@ -146,8 +144,7 @@ def test_rank_without_tables_checkpoints_cross_restore(tableless_rank_runs, tmp_
 def run_script(np_, code, tmp_path):
     script = tmp_path / "script.py"
     script.write_text(f"import sys\nsys.path.insert(0, {ROOT!r})\n" + code)
-    proc = ok(bounded_run([HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo",
-                           sys.executable, str(script)], timeout=300))
+    proc = ok(bounded_run(horovodrun(np_, sys.executable, str(script)), timeout=300))
     return proc.stdout
 
 
@@ -219,9 +216,9 @@ def rank_process(log_path, rank, wait_s=30):
 def test_killed_rank_ends_the_job(tmp_path):
     log = tmp_path / "log.json"
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
-    cmd = [HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "main.py",
-           *MODEL, *TRAIN, "--synthetic_dataset_train_batches", "100000", "--log_path",
-           str(log), "--learning_rate", "0.5"]  # the default 24 diverges on this long run
+    cmd = horovodrun(2, sys.executable, "main.py", *MODEL, *TRAIN,
+                     "--synthetic_dataset_train_batches", "100000", "--log_path", str(log),
+                     "--learning_rate", "0.5")  # the default 24 diverges on this long run
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL, start_new_session=True)
     try:

@@ -2,18 +2,16 @@
 hand-computed placements and byte counts, and the plan-only mode of main.py (--print_plan
 for world sizes that are not launched) against the plans the same code makes here."""
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import bounded_run, require_or_skip
+from conftest import HOROVODRUN, bounded_run, horovodrun, require_or_skip
 from core.parallel.placement import PlanError, make_plan
 from dlrm_contract import CRITEO_CARDINALITIES
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 
 
 def layout(plan):
@@ -109,9 +107,9 @@ def test_describe_prints_kind_ranks_and_bytes_per_table():
     assert "exchanged per step" in text
 
 
-def plan_mode(*args, launcher=()):
-    return bounded_run([*launcher, sys.executable, "main.py", "--print_plan",
-                        "--log_path", os.devnull, *args], 300)
+def plan_mode(*args, ranks=1):
+    command = [sys.executable, "main.py", "--print_plan", "--log_path", os.devnull, *args]
+    return bounded_run(command if ranks == 1 else horovodrun(ranks, *command), 300)
 
 
 MODEL = ["--dataset_type", "synthetic", "--synthetic_dataset_cardinalities",
@@ -146,8 +144,7 @@ def test_plan_mode_figures_for_nvidias_extra_large_model():
 def test_plan_mode_matches_the_plan_of_a_launched_world():
     require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
     alone = plan_mode(*MODEL, "--plan_world_sizes", "2")
-    launched = plan_mode(*MODEL, launcher=(HOROVODRUN, "-np", "2", "-H", "localhost:2",
-                                           "--gloo"))
+    launched = plan_mode(*MODEL, ranks=2)
     assert alone.returncode == 0 and launched.returncode == 0, launched.stderr[-2000:]
     plan = make_plan([3000, 2000, 300, 50, 700], 16, 2, sharding="row_wise").describe(512)
     rank0 = "".join(line.split(":", 1)[1] for line in launched.stdout.splitlines(True)

@@ -8,17 +8,15 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import bounded_run, require_or_skip
+from conftest import HOROVODRUN, bounded_run, horovodrun, require_or_skip
 from test_hybrid import final, losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}: the "
                 "row-wise tests need horovod (tools/setup_env.sh builds it)")
 
 def launch(np_, *args, timeout=300):
-    cmd = [sys.executable, *args] if np_ == 1 else [
-        HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable, *args]
+    cmd = [sys.executable, *args] if np_ == 1 else horovodrun(np_, sys.executable, *args)
     proc = bounded_run(cmd, timeout)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc

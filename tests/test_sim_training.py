@@ -1,14 +1,12 @@
 """SIM/DIEN/DIN end to end through `python -m sim.main` (in process; Horovod in a subprocess):
 planted signals, determinism, resume, data parallelism, metrics, bad inputs."""
 import os
-import shutil
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from conftest import ROOT, drop_cli_flags, require_or_skip
+from conftest import HOROVODRUN, bounded_run, drop_cli_flags, horovodrun, require_or_skip
 
 SMALL = ["--cpu", "--global_batch_size", "128", "--stage_one_mlp_dims", "32",
          "--stage_two_mlp_dims", "32,16", "--aux_mlp_dims", "16", "--print_freq", "1000",
@@ -103,15 +101,12 @@ def test_fixed_seed_gives_identical_runs_and_resume_equals_uninterrupted(data, t
 
 
 def test_two_horovod_processes_make_the_one_process_update(data, tmp_path):
-    horovodrun = shutil.which("horovodrun") or os.path.join(os.path.dirname(sys.executable),
-                                                            "horovodrun")
-    require_or_skip(os.path.exists(horovodrun), "horovodrun is not installed")
+    require_or_skip(os.path.exists(HOROVODRUN), "horovodrun is not installed")
     args = SMALL + ["--dataset_dir", data["tiny"], "--epochs", "1", "--print_freq", "1",
                     "--global_batch_size", "60", "--model_type", "sim"]
     one = train(data["tiny"], tmp_path / "one", *args[len(SMALL) + 2:])
-    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
-           "sim.main", "--results_dir", str(tmp_path / "two")] + args
-    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    done = bounded_run(horovodrun(2, sys.executable, "-m", "sim.main", "--results_dir",
+                                  str(tmp_path / "two"), *args), 300)
     assert done.returncode == 0, done.stderr[-3000:]
     from core.dllog import read_log
     two = read_log(str(tmp_path / "two" / "log.json"))

@@ -13,12 +13,11 @@ import sys
 import numpy as np
 import pytest
 
-from conftest import ROOT, bounded_run, require_or_skip
+from conftest import HOROVODRUN, ROOT, bounded_run, horovodrun, require_or_skip
 from core.dllog import read_log
 from core.parallel.placement import PlanError, plan_routed_tables
 from training.checkpoint import CheckpointError, assign_arrays
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 
 
 # ---- the planner -----------------------------------------------------------------------------
@@ -80,8 +79,7 @@ def test_a_restore_assigns_a_ranks_rows_and_refuses_another_row_count():
 # ---- training under horovodrun ---------------------------------------------------------------
 def launch(np_, module, args, timeout=300):
     require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
-    cmd = [HOROVODRUN, "-np", str(np_), "-H", f"localhost:{np_}", "--gloo", sys.executable,
-           "-m", module, *args]
+    cmd = horovodrun(np_, sys.executable, "-m", module, *args)
     proc = bounded_run(cmd, timeout)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc

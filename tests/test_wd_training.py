@@ -4,7 +4,6 @@ equal 1, and bad inputs give one-line errors."""
 import glob
 import os
 import shutil
-import subprocess
 import sys
 
 import numpy as np
@@ -12,7 +11,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import ROOT, require_or_skip
+from conftest import HOROVODRUN, bounded_run, horovodrun, require_or_skip
 from core.dllog import read_log
 from wide_and_deep import generate_feature_spec, synthetic
 from wide_and_deep.main import main
@@ -124,16 +123,14 @@ def step_losses(log):
 
 
 def test_two_horovod_processes_equal_one(data, tmp_path):
-    horovodrun = os.path.join(os.path.dirname(sys.executable), "horovodrun")
-    require_or_skip(os.path.exists(horovodrun), "horovodrun not installed")
+    require_or_skip(os.path.exists(HOROVODRUN), "horovodrun not installed")
     common = ["--dataset_path", data["planted"], "--num_epochs", "1", "--deep_dropout", "0",
               "--log_filename", "log.json"] + FAST + ["--print_freq", "1"]
     one = str(tmp_path / "one")
     assert main(common + ["--model_dir", one + "/model", "--results_dir", one]) == 0
     two = str(tmp_path / "two")
-    cmd = [horovodrun, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, "-m",
-           "wide_and_deep.main"] + common + ["--model_dir", two + "/model", "--results_dir", two]
-    result = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    result = bounded_run(horovodrun(2, sys.executable, "-m", "wide_and_deep.main", *common,
+                                    "--model_dir", two + "/model", "--results_dir", two), 300)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     log1, log2 = read_log(one + "/log.json"), read_log(two + "/log.json")
     l1, l2 = step_losses(log1), step_losses(log2)
