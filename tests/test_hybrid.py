@@ -16,6 +16,7 @@ import pytest
 from conftest import HOROVODRUN, bounded_run, horovodrun, require_or_skip
 from core.dllog import read_log
 from core.parallel.placement import make_plan
+from test_training import main_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CARDINALITIES = "3000,2000,300,50,700"
@@ -46,6 +47,15 @@ def ok(proc):
     return proc
 
 
+def train(np_, *args):
+    """A run that must succeed and restores nothing: one process runs in this one (no
+    interpreter and TensorFlow start-up), more under horovodrun."""
+    if np_ == 1:
+        main_in_process(args)
+    else:
+        ok(launch(np_, *args))
+
+
 def losses(log):
     return {r["step"][1]: r["data"]["loss"] for r in read_log(log)
             if r["type"] == "LOG" and isinstance(r["step"], list) and r["step"]
@@ -74,9 +84,8 @@ def runs(tmp_path_factory):
         for np_ in (1, 2):
             d = base / f"{optimizer}{np_}"
             d.mkdir()
-            ok(launch(np_, *MODEL, *TRAIN, "--optimizer", optimizer, "--learning_rate", lr,
-                      "--log_path", str(d / "log.json"), "--save_checkpoint_path",
-                      str(d / "ckpt")))
+            train(np_, *MODEL, *TRAIN, "--optimizer", optimizer, "--learning_rate", lr,
+                  "--log_path", str(d / "log.json"), "--save_checkpoint_path", str(d / "ckpt"))
             out[(optimizer, np_)] = d
     return out
 
@@ -116,8 +125,8 @@ def tableless_rank_runs(tmp_path_factory):
     for np_ in (1, 3):
         d = base / f"np{np_}"
         d.mkdir()
-        ok(launch(np_, *TRAIN, *TWO_TABLES, "--learning_rate", "0.3", "--log_path",
-                  str(d / "log.json"), "--save_checkpoint_path", str(d / "ckpt")))
+        train(np_, *TRAIN, *TWO_TABLES, "--learning_rate", "0.3", "--log_path",
+              str(d / "log.json"), "--save_checkpoint_path", str(d / "ckpt"))
     return base
 
 
@@ -271,8 +280,7 @@ def mix_runs(tmp_path_factory):
     out = {}
     for key in [(1, None, None), *MIX_LAYOUTS]:
         log = base / ("_".join(map(str, key)) + ".json")
-        ok(launch(key[0], *MIX, *mix_layout_flags(*key[1:]), "--log_path", str(log),
-                  timeout=300))
+        train(key[0], *MIX, *mix_layout_flags(*key[1:]), "--log_path", str(log))
         out[key] = log
     return out
 

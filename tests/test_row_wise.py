@@ -10,6 +10,7 @@ import pytest
 
 from conftest import HOROVODRUN, bounded_run, horovodrun, require_or_skip
 from test_hybrid import final, losses
+from test_training import main_in_process
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}: the "
@@ -92,8 +93,8 @@ def runs(tmp_path_factory):
     data = write_day(base / "data", np.arange(30), 2048, 3, static=(1,))
     model = [*MODEL, "--dataset_path", data, "--dynamic_features", "cat_0",
              "--sharding", "row_wise"]
-    for np_ in (1, 2):
-        launch(np_, "main.py", *model, "--log_path", str(base / f"full{np_}.json"))
+    main_in_process([*model, "--log_path", str(base / "full1.json")])
+    launch(2, "main.py", *model, "--log_path", str(base / "full2.json"))
     launch(2, "main.py", *model, "--max_steps", "6", "--save_checkpoint_path",
            str(base / "ckpt"), "--log_path", str(base / "first2.json"))
     for np_ in (1, 3):
