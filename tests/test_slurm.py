@@ -15,13 +15,12 @@ import time
 
 import pytest
 
-from conftest import ROOT, bounded_run, require_or_skip
+from conftest import HOROVODRUN, ROOT, bounded_run, horovodrun, require_or_skip
 from core.dllog import read_log
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import slurm_launch  # noqa: E402
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 DAEMONS = ("slurmctld", "slurmd")
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 JOB_TIMEOUT_S = 240
@@ -228,8 +227,8 @@ def losses(log):
 def horovodrun_log(tmp_path_factory):
     require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
     log = tmp_path_factory.mktemp("horovodrun") / "log.json"
-    proc = bounded_run([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable,
-                        *TRAINING, "--log_path", str(log)], JOB_TIMEOUT_S)
+    proc = bounded_run(horovodrun(2, sys.executable, *TRAINING, "--log_path", str(log)),
+                       JOB_TIMEOUT_S)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return log
 
