@@ -11,7 +11,7 @@ import sys
 
 from core import runtime
 
-runtime.configure()  # before anything imports TensorFlow
+runtime.import_tensorflow()  # its settings first
 
 # flake8: noqa: E402 (imports after the runtime settings)
 from absl import app, flags

@@ -7,7 +7,9 @@ the toolkit turns them on unless the user set TF_ENABLE_ONEDNN_OPTS already.
 Keras imports scikit-learn and matplotlib's pyplot at start-up when they are installed (for
 its scikit-learn wrappers and image plotting, which the toolkit does not use): 1.5 s of
 TensorFlow's 5.5 s import on a 2-core AMD EPYC, paid by every process (each rank, each tool).
-configure() imports TensorFlow with both hidden from it; they import normally afterwards.
+import_tensorflow() (the training CLIs' first call) imports TensorFlow with both hidden from
+it; they import normally afterwards. configure() alone imports nothing: tools that may not
+need TensorFlow call that.
 """
 from __future__ import annotations
 
@@ -25,6 +27,11 @@ CPU_AMP_CHOICES = ("auto", "bfloat16")
 def configure() -> None:
     for key, value in DEFAULTS.items():
         os.environ.setdefault(key, value)
+
+
+def import_tensorflow() -> None:
+    """configure(), then TensorFlow's import without Keras's optional imports."""
+    configure()
     if "tensorflow" in sys.modules:
         return
     hidden = [name for name in KERAS_OPTIONAL_IMPORTS if name not in sys.modules]

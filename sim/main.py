@@ -10,7 +10,7 @@ import sys
 
 from core import runtime
 
-runtime.configure()  # before anything imports TensorFlow
+runtime.import_tensorflow()  # its settings first
 
 # flake8: noqa: E402 (imports after the runtime settings)
 import numpy as np

@@ -12,9 +12,8 @@ import time
 import psutil
 import pytest
 
-from conftest import ROOT, require_or_skip
+from conftest import HOROVODRUN, ROOT, require_or_skip
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 CHECKPOINT_STEPS = 50
 DLRM = ["main.py", "--dataset_type", "synthetic", "--synthetic_dataset_cardinalities",
         "200,500,50", "--synthetic_dataset_num_numerical_features", "5", "--embedding_dim", "8",

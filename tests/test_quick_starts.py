@@ -9,9 +9,8 @@ import sys
 
 import pytest
 
-from conftest import ROOT, bounded_run, require_or_skip
+from conftest import HOROVODRUN, ROOT, bounded_run, require_or_skip
 
-HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
 README_QUICK_STARTS = ["README.md", "wide_and_deep/README.md", "sim/README.md"]
 DEMO_SCRIPTS = {"demo": "tools/demo.sh", "demo-wd": "tools/demo_wd.sh",
                 "demo-sim": "tools/demo_sim.sh"}

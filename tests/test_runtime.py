@@ -1,5 +1,5 @@
-"""core.runtime.configure: TensorFlow's import without the modules Keras imports only for
-features the toolkit does not use, which stay importable afterwards."""
+"""core.runtime.import_tensorflow: TensorFlow's import without the modules Keras imports
+only for features the toolkit does not use, which stay importable afterwards."""
 import subprocess
 import sys
 
@@ -8,7 +8,7 @@ from conftest import ROOT
 PROBE = """
 import sys
 from core import runtime
-runtime.configure()
+runtime.import_tensorflow()
 from core.runtime import KERAS_OPTIONAL_IMPORTS
 print("tensorflow" in sys.modules, [n for n in KERAS_OPTIONAL_IMPORTS if n in sys.modules])
 import sklearn.metrics, matplotlib.pyplot

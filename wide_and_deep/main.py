@@ -78,7 +78,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.cpu:
         os.environ["CUDA_VISIBLE_DEVICES"] = "-1"
-    runtime.configure()
+    runtime.import_tensorflow()
     from core.pipelines import reader_errors_surfaced
     from wide_and_deep.run import Run
 
