@@ -75,3 +75,11 @@ def test_a_row_outside_the_table_is_refused():
     with pytest.raises(tf.errors.InvalidArgumentError, match="row 9 outside"):
         opt.apply_sparse(table, tf.IndexedSlices(tf.ones([1, 2]), tf.constant([9])), 0.1,
                          distinct_rows=True)
+
+
+def test_a_change_of_compile_flags_makes_the_library_stale(monkeypatch):
+    """The build stamp covers the flags as well as the source: a library built with other
+    flags (as before -fno-math-errno) is rebuilt by the set-up, not loaded."""
+    assert fused_ops.is_current("lazy_adam_rows")
+    monkeypatch.setattr(fused_ops, "COMPILE_FLAGS", fused_ops.COMPILE_FLAGS[:-1])
+    assert not fused_ops.is_current("lazy_adam_rows")
