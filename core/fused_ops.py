@@ -2,7 +2,8 @@
 installed TensorFlow by `python -m core.fused_ops --build` (tools/setup_env.sh runs it).
 Where a library is not built, or the work runs on a GPU, callers take the TensorFlow-op
 path, which computes the same thing more slowly: `lazy_adam_rows(var)` and
-`recurrent_cells()` return None then.
+`recurrent_cells()` return None then, `segment_sum_rows` and `distinct_ids` call
+TensorFlow's ops.
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 # one library per source: build/<name>.so from ops/<name>.cc
-KERNELS = ("lazy_adam_rows", "recurrent_cells")
+KERNELS = ("lazy_adam_rows", "recurrent_cells", "segment_sum_rows", "distinct_ids")
 _loaded = {}
 
 
@@ -93,6 +94,33 @@ def recurrent_cells(dtype=tf.float32):
     if dtype != tf.float32 or tf.config.list_logical_devices("GPU"):
         return None
     return library("recurrent_cells")
+
+
+@tf.autograph.experimental.do_not_convert
+def segment_sum_rows(data, segment_ids, num_segments):
+    """tf.math.unsorted_segment_sum(data, segment_ids, num_segments) for 1-D segment ids:
+    the SegmentSumRows op (ops/segment_sum_rows.cc, the same sums on every core) for
+    float32 on a CPU, else TensorFlow's op."""
+    lib = library("segment_sum_rows")
+    if lib is None or data.dtype != tf.float32 or tf.config.list_logical_devices("GPU"):
+        return tf.math.unsorted_segment_sum(data, segment_ids, num_segments)
+    return lib.segment_sum_rows(data, segment_ids, tf.cast(num_segments, tf.int64))
+
+
+@tf.autograph.experimental.do_not_convert
+def distinct_ids(ids, num_rows: int):
+    """tf.unique(ids) (distinct in order of first appearance, int32 positions) for the 1-D
+    ids of a table of num_rows rows: the DistinctIds op (ops/distinct_ids.cc, no hashing
+    for tables up to 8 rows per id) on a CPU, else TensorFlow's Unique."""
+    lib = library("distinct_ids")
+    if lib is None or tf.config.list_logical_devices("GPU"):
+        return tf.unique(ids)
+    return lib.distinct_ids(ids, tf.constant(num_rows, tf.int64))
+
+
+@tf.RegisterGradient("SegmentSumRows")
+def _segment_sum_rows_grad(op, grad):
+    return tf.gather(grad, op.inputs[1]), None, None
 
 
 def main():

@@ -87,8 +87,8 @@ class Adam:
             beta1=constant(self.beta_1), beta2=constant(self.beta_2),
             epsilon=constant(self.epsilon), grad=grad)
 
-    def _summed_rows(self, grad: tf.IndexedSlices):
-        return _unique_rows(grad)
+    def _summed_rows(self, var, grad: tf.IndexedSlices):
+        return _unique_rows(var, grad)
 
     def _row_step(self, var, rows, m_rows, v_rows, lr):
         step = self._corrected_lr(lr) * m_rows / (tf.sqrt(v_rows) + self.epsilon)
@@ -98,7 +98,7 @@ class Adam:
 
     def apply_sparse(self, var, grad: tf.IndexedSlices, lr, distinct_rows=False):
         m, v = self._by_ref[var.ref()]
-        rows, g = (grad.indices, grad.values) if distinct_rows else self._summed_rows(grad)
+        rows, g = (grad.indices, grad.values) if distinct_rows else self._summed_rows(var, grad)
         fused = fused_ops.lazy_adam_rows(var)
         if fused is not None:  # one pass over the rows instead of five gathers / scatters
             fused(var=var.handle, m=m.handle, v=v.handle, indices=rows, grad=g,
@@ -130,9 +130,9 @@ class AdamW(Adam):
             var.assign_sub(lr * self.weight_decay * var)
         super().apply_dense(var, grad, lr)
 
-    def _summed_rows(self, grad: tf.IndexedSlices):
+    def _summed_rows(self, var, grad: tf.IndexedSlices):
         order = tf.argsort(grad.indices, stable=True)
-        rows, position = tf.unique(tf.gather(grad.indices, order))
+        rows, position = fused_ops.distinct_ids(tf.gather(grad.indices, order), var.shape[0])
         return rows, tf.math.segment_sum(tf.gather(grad.values, order), position)
 
 
@@ -154,10 +154,10 @@ def _fill_rows(slot, rows, value: float):
         rows))
 
 
-def _unique_rows(grad: tf.IndexedSlices):
-    """Distinct rows of a sparse gradient and each row's summed gradient."""
-    rows, position = tf.unique(grad.indices)
-    return rows, tf.math.unsorted_segment_sum(grad.values, position, tf.shape(rows)[0])
+def _unique_rows(var, grad: tf.IndexedSlices):
+    """Distinct rows of a sparse gradient of var and each row's summed gradient."""
+    rows, position = fused_ops.distinct_ids(grad.indices, var.shape[0])
+    return rows, fused_ops.segment_sum_rows(grad.values, position, tf.shape(rows)[0])
 
 
 class FTRL:
@@ -206,7 +206,7 @@ class FTRL:
 
     def apply_sparse(self, var, grad: tf.IndexedSlices, lr, distinct_rows=False):
         s = self._by_ref[var.ref()]
-        rows, g = (grad.indices, grad.values) if distinct_rows else _unique_rows(grad)
+        rows, g = (grad.indices, grad.values) if distinct_rows else _unique_rows(var, grad)
         new_var, new_acc, new_linear = self._rows(
             tf.gather(var, rows), tf.gather(s["accumulator"], rows),
             tf.gather(s["linear"], rows), g, lr)
@@ -250,7 +250,7 @@ class RMSProp:
 
     def apply_sparse(self, var, grad: tf.IndexedSlices, lr, distinct_rows=False):
         ms = self._by_ref[var.ref()]
-        rows, g = (grad.indices, grad.values) if distinct_rows else _unique_rows(grad)
+        rows, g = (grad.indices, grad.values) if distinct_rows else _unique_rows(var, grad)
         new_ms, step = self._step(tf.gather(ms, rows), g, lr)
         ms.scatter_update(tf.IndexedSlices(new_ms, rows))
         var.scatter_sub(tf.IndexedSlices(step, rows))

@@ -557,7 +557,9 @@ def gather_rows(params, indices):
     @tf.custom_gradient
     def gather(params):
         def grad(d_out):
-            return tf.math.unsorted_segment_sum(d_out, indices, tf.shape(params)[0])
+            flat = tf.reshape(d_out, tf.concat([[-1], tf.shape(d_out)[indices.shape.rank:]], 0))
+            return fused_ops.segment_sum_rows(flat, tf.reshape(indices, [-1]),
+                                              tf.shape(params)[0])
         return tf.gather(params, indices), grad
     return gather(params)
 

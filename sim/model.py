@@ -47,6 +47,7 @@ from types import MappingProxyType
 
 import tensorflow as tf
 
+from core import fused_ops
 from core.dynamic import DynamicTable
 from core.layers import MLP, copy_rare_row, table_variable
 from core.parallel.rows import hash_owner, range_lookup, routed_lookup
@@ -386,8 +387,10 @@ class SimModel(tf.Module):
             flat = tf.concat([tf.reshape(ids, [-1]) for ids in id_tensors], 0)
             if self._hashed(table):
                 distinct, position = flat, tf.range(tf.size(flat))
-            else:
+            elif table.ref() in self._routed:  # global ids, the variable holds a share
                 distinct, position = tf.unique(flat)
+            else:
+                distinct, position = fused_ops.distinct_ids(flat, table.shape[0])
             rows.append(self._read(table, distinct, training))
             positions.append(position + offset)
             offset += tf.shape(distinct)[0]

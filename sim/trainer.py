@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from core import fused_ops
 from core.optimizers import make_optimizer
 from core.pipelines import DictPipeline
 from core.parallel.rows import collective_names
@@ -101,8 +102,7 @@ def dense_table_updates(optimizer):
     apply_dense = optimizer.apply_dense
 
     def apply_sparse(var, grad, lr, distinct_rows=False):
-        apply_dense(var, tf.math.unsorted_segment_sum(grad.values, grad.indices,
-                                                      var.shape[0]), lr)
+        apply_dense(var, fused_ops.segment_sum_rows(grad.values, grad.indices, var.shape[0]), lr)
     optimizer.apply_sparse = apply_sparse
     return optimizer
 

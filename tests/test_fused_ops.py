@@ -83,3 +83,51 @@ def test_a_change_of_compile_flags_makes_the_library_stale(monkeypatch):
     assert fused_ops.is_current("lazy_adam_rows")
     monkeypatch.setattr(fused_ops, "COMPILE_FLAGS", fused_ops.COMPILE_FLAGS[:-1])
     assert not fused_ops.is_current("lazy_adam_rows")
+
+
+@pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
+def test_segment_sum_rows_matches_numpy_and_tensorflow(index_dtype):
+    """Sums per segment against numpy's add.at (rows with no id stay 0, 3-D rows keep their
+    shape), bit for bit equal to UnsortedSegmentSum (same order of additions); the gradient
+    is the gather of the upstream rows; an id outside the segments is an error naming it."""
+    require_or_skip(fused_ops.is_current("segment_sum_rows"), "build/segment_sum_rows.so is "
+                    "not built (python -m core.fused_ops --build)")
+    rng = np.random.default_rng(5)
+    data = rng.standard_normal((3000, 2, 5)).astype(np.float32)
+    ids = rng.integers(0, 700, 3000)
+    expected = np.zeros((800, 2, 5), np.float64)
+    np.add.at(expected, ids, data.astype(np.float64))
+    ids_t, data_t = tf.constant(ids, index_dtype), tf.constant(data)
+    with tf.GradientTape() as tape:
+        tape.watch(data_t)
+        out = fused_ops.segment_sum_rows(data_t, ids_t, 800)
+        weights = tf.constant(rng.standard_normal((800, 2, 5)).astype(np.float32))
+        total = tf.reduce_sum(out * weights)
+    assert out.shape == (800, 2, 5)
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out.numpy()[700:], 0)
+    np.testing.assert_array_equal(out.numpy(),
+                                  tf.math.unsorted_segment_sum(data_t, ids_t, 800).numpy())
+    np.testing.assert_allclose(tape.gradient(total, data_t).numpy(), weights.numpy()[ids])
+    compiled = tf.function(lambda d, i: fused_ops.segment_sum_rows(d, i, 800))
+    np.testing.assert_array_equal(compiled(data_t, ids_t).numpy(), out.numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="segment id 800 at 3"):
+        fused_ops.segment_sum_rows(data_t[:4], tf.constant([0, 1, 2, 800], index_dtype), 800)
+
+
+@pytest.mark.parametrize("rows", [60, 100_000])  # a slot per row / a hash map (> 8 per id)
+@pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
+def test_distinct_ids_are_tf_unique(rows, index_dtype):
+    """DistinctIds gives tf.unique's outputs exactly (first-appearance order, int32
+    positions) on either path, and names an id outside the table's rows."""
+    require_or_skip(fused_ops.is_current("distinct_ids"), "build/distinct_ids.so is not built "
+                    "(python -m core.fused_ops --build)")
+    ids = tf.constant(np.random.default_rng(7).integers(0, min(rows, 50), 500), index_dtype)
+    distinct, position = fused_ops.distinct_ids(ids, rows)
+    expected = tf.unique(ids)
+    assert distinct.dtype == index_dtype and position.dtype == tf.int32
+    np.testing.assert_array_equal(distinct.numpy(), expected.y.numpy())
+    np.testing.assert_array_equal(position.numpy(), expected.idx.numpy())
+    np.testing.assert_array_equal(tf.gather(distinct, position).numpy(), ids.numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match=f"id {rows} at 2 outside"):
+        fused_ops.distinct_ids(tf.constant([1, 2, rows], index_dtype), rows)

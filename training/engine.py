@@ -120,8 +120,9 @@ def compiled(fn, signature=None):
     """fn as a tf.function. With a signature, calls go straight to its concrete function
     (made on the first call): a tf.function call matches its arguments against the
     signature every time, ~0.2 ms of Python per call here, a few per cent of a small
-    model's step on CPU."""
-    function = tf.function(fn, input_signature=signature)
+    model's step on CPU. No AutoGraph: the steps' Python control flow is over static
+    values only, and converting their ~100 functions took 2-3 s of every run's start-up."""
+    function = tf.function(fn, input_signature=signature, autograph=False)
     if signature is None:
         return function
     concrete = functools.cache(function.get_concrete_function)

@@ -16,7 +16,7 @@ class ServingModel(tf.Module):
         super().__init__(name=name)
         self.model = model  # tracked: its variables are saved with the signature
         self._probabilities = probabilities
-        self.serve = tf.function(self._serve, input_signature=signature)
+        self.serve = tf.function(self._serve, input_signature=signature, autograph=False)
 
     def _serve(self, *inputs):
         out = self._probabilities(*inputs)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import tensorflow as tf
 
+from core import fused_ops
 from core.dropout import bias_relu_dropout
 from core.dynamic import DynamicTable
 from core.feature_spec import DynamicSpec
@@ -273,7 +274,7 @@ class WideDeepModel(tf.Module):
         """Each batch row's looked-up vectors summed (one-hot: row_of None, one per row)."""
         if row_of is None:
             return looked_up
-        return tf.math.unsorted_segment_sum(looked_up, row_of, rows)
+        return fused_ops.segment_sum_rows(looked_up, row_of, rows)
 
     def numerical(self, batch: dict):
         if not self.config.numerical:
