@@ -31,10 +31,18 @@ BENCHES = {
 
 
 def checkout(commit: str, workdir: str) -> str:
+    """A worktree of the commit with its own CPU kernels built (build/ is not in git: without
+    them a checkout would measure the TensorFlow-op path of every kernel)."""
     path = os.path.join(workdir, commit)
     if not os.path.isdir(path):
         subprocess.run(["git", "-C", ROOT, "worktree", "add", "--detach", path, commit],
                        check=True, capture_output=True)
+    if os.path.isfile(os.path.join(path, "core", "fused_ops.py")):
+        done = subprocess.run([sys.executable, "-m", "core.fused_ops", "--build"], cwd=path,
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            raise SystemExit(f"error: building the kernels of {commit} in {path} failed: "
+                             f"{done.stderr.strip().splitlines()[-1:]}")
     return path
 
 
