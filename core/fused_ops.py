@@ -91,9 +91,12 @@ def lazy_adam_rows(var):
 def recurrent_cells(dtype=tf.float32):
     """The GRU / AUGRU cell ops (ops/recurrent_cells.cc) for float32 compute on a CPU, else
     None."""
-    if dtype != tf.float32 or tf.config.list_logical_devices("GPU"):
-        return None
-    return library("recurrent_cells")
+    return cpu_library("recurrent_cells") if dtype == tf.float32 else None
+
+
+def cpu_library(name: str):
+    """The loaded library where the work runs on a CPU (no GPU visible), else None."""
+    return None if tf.config.list_logical_devices("GPU") else library(name)
 
 
 @tf.autograph.experimental.do_not_convert
@@ -101,8 +104,8 @@ def segment_sum_rows(data, segment_ids, num_segments):
     """tf.math.unsorted_segment_sum(data, segment_ids, num_segments) for 1-D segment ids:
     the SegmentSumRows op (ops/segment_sum_rows.cc: the same sums, bit for bit, 3-5x
     faster) for float32 on a CPU, else TensorFlow's op."""
-    lib = library("segment_sum_rows")
-    if lib is None or data.dtype != tf.float32 or tf.config.list_logical_devices("GPU"):
+    lib = cpu_library("segment_sum_rows")
+    if lib is None or data.dtype != tf.float32:
         return tf.math.unsorted_segment_sum(data, segment_ids, num_segments)
     return lib.segment_sum_rows(data, segment_ids, tf.cast(num_segments, tf.int64))
 
@@ -112,8 +115,8 @@ def distinct_ids(ids, num_rows: int):
     """tf.unique(ids) (distinct in order of first appearance, int32 positions) for the 1-D
     ids of a table of num_rows rows: the DistinctIds op (ops/distinct_ids.cc, no hashing
     for tables up to 8 rows per id) on a CPU, else TensorFlow's Unique."""
-    lib = library("distinct_ids")
-    if lib is None or tf.config.list_logical_devices("GPU"):
+    lib = cpu_library("distinct_ids")
+    if lib is None:
         return tf.unique(ids)
     return lib.distinct_ids(ids, tf.constant(num_rows, tf.int64))
 

@@ -381,7 +381,7 @@ class SimModel(tf.Module):
         no concatenation of per-feature [B, D, dim] histories, one segment sum backward.
         A dynamic table split over the ranks is read at every id: its owner counts each
         occurrence to admit it."""
-        dim, width = self.config.embedding_dim, len(tables) * self.config.embedding_dim
+        width = len(tables) * self.config.embedding_dim
         rows, positions, offset = [], [], 0
         for table, id_tensors in zip(tables, ids_per_feature):
             flat = tf.concat([tf.reshape(ids, [-1]) for ids in id_tensors], 0)
