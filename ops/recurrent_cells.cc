@@ -4,13 +4,15 @@
 // shape (96 units) they cost more than the step's matmuls. The matmuls stay TensorFlow's
 // (sim/blocks.py calls these ops between them).
 //
-// Layouts: projected [B, S, 3H] holds every step's input projection (x W + b); an op reads step
-// `step` of it in place. Gate columns: GRU z, r, n; AUGRU r, u, c. keep = 1 - attention [B, S].
+// Layouts: x [B, 3H] is the step's input projection (x W + b), a slice of the time-major
+// [S, B, 3H] projection of every step (sim/blocks.py): a step's rows lie together, where a
+// batch-major [B, S, 3H] spread them S rows apart and the ops waited on memory for half their
+// time. Gate columns: GRU z, r, n; AUGRU r, u, c. keep [B] = 1 - the step's attention.
 //
 // GRU forward (hu = h_prev U, b' the recurrent bias):
 //   [z, r] = s(x_zr + hu_zr + b'_zr),  hu_n' = hu_n + b'_n,  n = tanh(x_n + r hu_n'),
 //   h = n + z (h_prev - n)
-// GRU backward (dh = carry + rec + d_states[:, step]: the gradient reaching h):
+// GRU backward (dh = carry + rec + d_state: the gradient reaching h):
 //   dn = dh (1 - z)(1 - n^2),  dz = dh (h_prev - n) z (1 - z),  dr = dn hu_n' r (1 - r)
 //   d_x = [dz, dr, dn],  d_hu = [dz, dr, r dn],  carry' = dh z   (dh_prev = carry' + d_hu U^T)
 // AUGRU forward: g = [r, u] = s(x_g + hg),  rh = r h_prev;  c = tanh(x_c + hc),
@@ -19,6 +21,7 @@
 //   d_ku = dh (h_prev - c),  dg = [d_rh h_prev, k d_ku] g (1 - g),  d_keep = sum(u d_ku),
 //   carry' = k u dh + r d_rh   (dh_prev = carry' + dg Wg_h^T)
 #include <initializer_list>
+#include <string>
 
 #include "Eigen/Core"
 #include "tensorflow/core/framework/op.h"
@@ -54,21 +57,19 @@ Status SetOutputs(InferenceContext* c, int units_from, std::initializer_list<int
 
 REGISTER_OP("GruCellForward")
     .Input("hu: float")              // [B, 3H] h_prev U (no bias)
-    .Input("projected: float")       // [B, S, 3H]
-    .Input("step: int32")
+    .Input("x: float")               // [B, 3H]
     .Input("recurrent_bias: float")  // [3H]
     .Input("h_prev: float")          // [B, H]
     .Output("h: float")
     .Output("zr: float")
     .Output("n: float")
     .Output("hu_n: float")  // with its bias
-    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 4, {1, 2, 1, 1}); });
+    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 3, {1, 2, 1, 1}); });
 
 REGISTER_OP("GruCellBackward")
     .Input("carry: float")     // [B, H]
     .Input("rec: float")       // [B, H]
-    .Input("d_states: float")  // [B, S, H]
-    .Input("step: int32")
+    .Input("d_state: float")   // [B, H]
     .Input("zr: float")
     .Input("n: float")
     .Input("hu_n: float")
@@ -79,30 +80,27 @@ REGISTER_OP("GruCellBackward")
     .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 0, {3, 3, 1}); });
 
 REGISTER_OP("AugruGates")
-    .Input("hg: float")         // [B, 2H] h_prev Wg_h
-    .Input("projected: float")  // [B, S, 3H]
-    .Input("step: int32")
+    .Input("hg: float")  // [B, 2H] h_prev Wg_h
+    .Input("x: float")   // [B, 3H]
     .Input("h_prev: float")
     .Output("g: float")   // [B, 2H]
     .Output("rh: float")  // [B, H]
-    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 3, {2, 1}); });
+    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 2, {2, 1}); });
 
 REGISTER_OP("AugruUpdate")
-    .Input("hc: float")         // [B, H] rh Wc_h
-    .Input("projected: float")  // [B, S, 3H]
-    .Input("step: int32")
-    .Input("keep: float")       // [B, S]
+    .Input("hc: float")    // [B, H] rh Wc_h
+    .Input("x: float")     // [B, 3H]
+    .Input("keep: float")  // [B]
     .Input("g: float")
     .Input("h_prev: float")
     .Output("h: float")
     .Output("c: float")
-    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 5, {1, 1}); });
+    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 4, {1, 1}); });
 
 REGISTER_OP("AugruBackwardCandidate")
     .Input("carry: float")  // [B, H]
     .Input("rec: float")    // [B, H]
-    .Input("step: int32")
-    .Input("keep: float")   // [B, S]
+    .Input("keep: float")   // [B]
     .Input("g: float")
     .Input("c: float")
     .Output("dh: float")
@@ -112,8 +110,7 @@ REGISTER_OP("AugruBackwardCandidate")
 REGISTER_OP("AugruBackwardGates")
     .Input("dh: float")    // [B, H]
     .Input("d_rh: float")  // [B, H]
-    .Input("step: int32")
-    .Input("keep: float")  // [B, S]
+    .Input("keep: float")  // [B]
     .Input("g: float")
     .Input("c: float")
     .Input("h_prev: float")
@@ -147,39 +144,19 @@ class CellKernel : public OpKernel {
   }
 
  protected:
-  // Checks shapes, reads the step, allocates the outputs.
+  // Checks shapes, allocates the outputs.
   virtual Status Prepare(OpKernelContext* ctx) = 0;
   virtual void ComputeRow(int64_t b) = 0;
 
-  // Input i's data, checked to be [batch, k * units] (or [batch, S, k * units] when `stepped`).
-  Status In(OpKernelContext* ctx, int i, int k, const float** data, bool stepped = false) {
+  // Input i's data, checked to be [batch, k * units] (k = 0: [batch]).
+  Status In(OpKernelContext* ctx, int i, int k, const float** data) {
     const Tensor& t = ctx->input(i);
-    bool ok = stepped ? t.dims() == 3 && t.dim_size(0) == batch_ && t.dim_size(2) == k * units_
-                      : t.dims() == 2 && t.dim_size(0) == batch_ && t.dim_size(1) == k * units_;
+    bool ok = k ? t.dims() == 2 && t.dim_size(0) == batch_ && t.dim_size(1) == k * units_
+                : t.dims() == 1 && t.dim_size(0) == batch_;
     if (!ok) {
       return errors::InvalidArgument(name(), ": input ", i, " has shape ",
-                                     t.shape().DebugString(), ", expected ",
-                                     stepped ? "[batch, steps, " : "[batch, ", k * units_, "]");
-    }
-    if (stepped) steps_ = t.dim_size(1);
-    *data = t.flat<float>().data();
-    return OkStatus();
-  }
-
-  // The step index (input i), checked against the stepped input's steps.
-  Status Step(OpKernelContext* ctx, int i) {
-    step_ = ctx->input(i).scalar<int32>()();
-    if (step_ < 0 || step_ >= steps_) {
-      return errors::InvalidArgument(name(), ": step ", step_, " outside [0, ", steps_, ")");
-    }
-    return OkStatus();
-  }
-
-  Status Keep(OpKernelContext* ctx, int i, const float** data) {
-    const Tensor& t = ctx->input(i);
-    if (t.dims() != 2 || t.dim_size(0) != batch_ || t.dim_size(1) != steps_) {
-      return errors::InvalidArgument(name(), ": keep has shape ", t.shape().DebugString(),
-                                     ", expected [", batch_, ", ", steps_, "]");
+                                     t.shape().DebugString(), ", expected [", batch_,
+                                     k ? ", " + std::to_string(k * units_) + "]" : "]");
     }
     *data = t.flat<float>().data();
     return OkStatus();
@@ -193,13 +170,7 @@ class CellKernel : public OpKernel {
     return OkStatus();
   }
 
-  // Row b of step step_ of a [B, S, k H] input.
-  const float* At(const float* stepped, int64_t b, int k) const {
-    return stepped + (b * steps_ + step_) * k * units_;
-  }
-
-  int64_t batch_ = 0, units_ = 0, steps_ = 0;
-  int32 step_ = 0;
+  int64_t batch_ = 0, units_ = 0;
 };
 
 class GruCellForwardOp : public CellKernel {
@@ -208,12 +179,11 @@ class GruCellForwardOp : public CellKernel {
 
  private:
   Status Prepare(OpKernelContext* ctx) override {
-    units_ = ctx->input(4).dims() == 2 ? ctx->input(4).dim_size(1) : -1;
-    TF_RETURN_IF_ERROR(In(ctx, 4, 1, &h_prev_));
+    units_ = ctx->input(3).dims() == 2 ? ctx->input(3).dim_size(1) : -1;
+    TF_RETURN_IF_ERROR(In(ctx, 3, 1, &h_prev_));
     TF_RETURN_IF_ERROR(In(ctx, 0, 3, &hu_));
-    TF_RETURN_IF_ERROR(In(ctx, 1, 3, &projected_, true));
-    TF_RETURN_IF_ERROR(Step(ctx, 2));
-    const Tensor& bias = ctx->input(3);
+    TF_RETURN_IF_ERROR(In(ctx, 1, 3, &x_));
+    const Tensor& bias = ctx->input(2);
     if (bias.dims() != 1 || bias.dim_size(0) != 3 * units_) {
       return errors::InvalidArgument(name(), ": recurrent_bias must be [", 3 * units_, "]");
     }
@@ -226,7 +196,7 @@ class GruCellForwardOp : public CellKernel {
 
   void ComputeRow(int64_t b) override {
     const int64_t H = units_;
-    const float* x = At(projected_, b, 3);
+    const float* x = x_ + b * 3 * H;
     const float* hu = hu_ + b * 3 * H;
     Row zr(zr_ + b * 2 * H, 2 * H), n(n_ + b * H, H), hu_n(hu_n_ + b * H, H);
     zr = (ConstRow(x, 2 * H) + ConstRow(hu, 2 * H) + ConstRow(bias_, 2 * H)).logistic();
@@ -235,7 +205,7 @@ class GruCellForwardOp : public CellKernel {
     Row(h_ + b * H, H) = n + zr.head(H) * (ConstRow(h_prev_ + b * H, H) - n);
   }
 
-  const float *hu_, *projected_, *bias_, *h_prev_;
+  const float *hu_, *x_, *bias_, *h_prev_;
   float *h_, *zr_, *n_, *hu_n_;
 };
 
@@ -248,12 +218,11 @@ class GruCellBackwardOp : public CellKernel {
     units_ = ctx->input(0).dim_size(1);
     TF_RETURN_IF_ERROR(In(ctx, 1, 1, &rec_));
     TF_RETURN_IF_ERROR(In(ctx, 0, 1, &carry_));
-    TF_RETURN_IF_ERROR(In(ctx, 2, 1, &d_states_, true));
-    TF_RETURN_IF_ERROR(Step(ctx, 3));
-    TF_RETURN_IF_ERROR(In(ctx, 4, 2, &zr_));
-    TF_RETURN_IF_ERROR(In(ctx, 5, 1, &n_));
-    TF_RETURN_IF_ERROR(In(ctx, 6, 1, &hu_n_));
-    TF_RETURN_IF_ERROR(In(ctx, 7, 1, &h_prev_));
+    TF_RETURN_IF_ERROR(In(ctx, 2, 1, &d_state_));
+    TF_RETURN_IF_ERROR(In(ctx, 3, 2, &zr_));
+    TF_RETURN_IF_ERROR(In(ctx, 4, 1, &n_));
+    TF_RETURN_IF_ERROR(In(ctx, 5, 1, &hu_n_));
+    TF_RETURN_IF_ERROR(In(ctx, 6, 1, &h_prev_));
     TF_RETURN_IF_ERROR(Out(ctx, 0, 3 * units_, &d_x_));
     TF_RETURN_IF_ERROR(Out(ctx, 1, 3 * units_, &d_hu_));
     return Out(ctx, 2, units_, &carry_out_);
@@ -263,7 +232,7 @@ class GruCellBackwardOp : public CellKernel {
     const int64_t H = units_;
     const int64_t at = b * H;
     Eigen::ArrayXf dh = ConstRow(carry_ + at, H) + ConstRow(rec_ + at, H) +
-                        ConstRow(At(d_states_, b, 1), H);
+                        ConstRow(d_state_ + at, H);
     ConstRow z(zr_ + 2 * at, H), r(zr_ + 2 * at + H, H), n(n_ + at, H);
     Row d_x(d_x_ + 3 * at, 3 * H), d_hu(d_hu_ + 3 * at, 3 * H);
     d_x.segment(2 * H, H) = dh * (1.0f - z) * (1.0f - n * n);                        // dn
@@ -274,7 +243,7 @@ class GruCellBackwardOp : public CellKernel {
     Row(carry_out_ + at, H) = dh * z;
   }
 
-  const float *carry_, *rec_, *d_states_, *zr_, *n_, *hu_n_, *h_prev_;
+  const float *carry_, *rec_, *d_state_, *zr_, *n_, *hu_n_, *h_prev_;
   float *d_x_, *d_hu_, *carry_out_;
 };
 
@@ -284,11 +253,10 @@ class AugruGatesOp : public CellKernel {
 
  private:
   Status Prepare(OpKernelContext* ctx) override {
-    units_ = ctx->input(3).dims() == 2 ? ctx->input(3).dim_size(1) : -1;
-    TF_RETURN_IF_ERROR(In(ctx, 3, 1, &h_prev_));
+    units_ = ctx->input(2).dims() == 2 ? ctx->input(2).dim_size(1) : -1;
+    TF_RETURN_IF_ERROR(In(ctx, 2, 1, &h_prev_));
     TF_RETURN_IF_ERROR(In(ctx, 0, 2, &hg_));
-    TF_RETURN_IF_ERROR(In(ctx, 1, 3, &projected_, true));
-    TF_RETURN_IF_ERROR(Step(ctx, 2));
+    TF_RETURN_IF_ERROR(In(ctx, 1, 3, &x_));
     TF_RETURN_IF_ERROR(Out(ctx, 0, 2 * units_, &g_));
     return Out(ctx, 1, units_, &rh_);
   }
@@ -296,11 +264,11 @@ class AugruGatesOp : public CellKernel {
   void ComputeRow(int64_t b) override {
     const int64_t H = units_;
     Row g(g_ + b * 2 * H, 2 * H);
-    g = (ConstRow(At(projected_, b, 3), 2 * H) + ConstRow(hg_ + b * 2 * H, 2 * H)).logistic();
+    g = (ConstRow(x_ + b * 3 * H, 2 * H) + ConstRow(hg_ + b * 2 * H, 2 * H)).logistic();
     Row(rh_ + b * H, H) = g.head(H) * ConstRow(h_prev_ + b * H, H);
   }
 
-  const float *hg_, *projected_, *h_prev_;
+  const float *hg_, *x_, *h_prev_;
   float *g_, *rh_;
 };
 
@@ -310,27 +278,26 @@ class AugruUpdateOp : public CellKernel {
 
  private:
   Status Prepare(OpKernelContext* ctx) override {
-    units_ = ctx->input(5).dims() == 2 ? ctx->input(5).dim_size(1) : -1;
-    TF_RETURN_IF_ERROR(In(ctx, 5, 1, &h_prev_));
+    units_ = ctx->input(4).dims() == 2 ? ctx->input(4).dim_size(1) : -1;
+    TF_RETURN_IF_ERROR(In(ctx, 4, 1, &h_prev_));
     TF_RETURN_IF_ERROR(In(ctx, 0, 1, &hc_));
-    TF_RETURN_IF_ERROR(In(ctx, 1, 3, &projected_, true));
-    TF_RETURN_IF_ERROR(Step(ctx, 2));
-    TF_RETURN_IF_ERROR(Keep(ctx, 3, &keep_));
-    TF_RETURN_IF_ERROR(In(ctx, 4, 2, &g_));
+    TF_RETURN_IF_ERROR(In(ctx, 1, 3, &x_));
+    TF_RETURN_IF_ERROR(In(ctx, 2, 0, &keep_));
+    TF_RETURN_IF_ERROR(In(ctx, 3, 2, &g_));
     TF_RETURN_IF_ERROR(Out(ctx, 0, units_, &h_));
     return Out(ctx, 1, units_, &c_);
   }
 
   void ComputeRow(int64_t b) override {
     const int64_t H = units_;
-    const float k = keep_[b * steps_ + step_];
+    const float k = keep_[b];
     Row c(c_ + b * H, H);
-    c = (ConstRow(At(projected_, b, 3) + 2 * H, H) + ConstRow(hc_ + b * H, H)).tanh();
+    c = (ConstRow(x_ + b * 3 * H + 2 * H, H) + ConstRow(hc_ + b * H, H)).tanh();
     Row(h_ + b * H, H) = c + k * ConstRow(g_ + b * 2 * H + H, H) *
                                  (ConstRow(h_prev_ + b * H, H) - c);
   }
 
-  const float *hc_, *projected_, *keep_, *g_, *h_prev_;
+  const float *hc_, *x_, *keep_, *g_, *h_prev_;
   float *h_, *c_;
 };
 
@@ -343,18 +310,16 @@ class AugruBackwardCandidateOp : public CellKernel {
     units_ = ctx->input(0).dim_size(1);
     TF_RETURN_IF_ERROR(In(ctx, 0, 1, &carry_));
     TF_RETURN_IF_ERROR(In(ctx, 1, 1, &rec_));
-    steps_ = ctx->input(3).dims() == 2 ? ctx->input(3).dim_size(1) : 0;
-    TF_RETURN_IF_ERROR(Step(ctx, 2));
-    TF_RETURN_IF_ERROR(Keep(ctx, 3, &keep_));
-    TF_RETURN_IF_ERROR(In(ctx, 4, 2, &g_));
-    TF_RETURN_IF_ERROR(In(ctx, 5, 1, &c_));
+    TF_RETURN_IF_ERROR(In(ctx, 2, 0, &keep_));
+    TF_RETURN_IF_ERROR(In(ctx, 3, 2, &g_));
+    TF_RETURN_IF_ERROR(In(ctx, 4, 1, &c_));
     TF_RETURN_IF_ERROR(Out(ctx, 0, units_, &dh_));
     return Out(ctx, 1, units_, &dc_);
   }
 
   void ComputeRow(int64_t b) override {
     const int64_t H = units_, at = b * H;
-    const float k = keep_[b * steps_ + step_];
+    const float k = keep_[b];
     Row dh(dh_ + at, H);
     dh = ConstRow(carry_ + at, H) + ConstRow(rec_ + at, H);
     ConstRow c(c_ + at, H);
@@ -374,12 +339,10 @@ class AugruBackwardGatesOp : public CellKernel {
     units_ = ctx->input(0).dim_size(1);
     TF_RETURN_IF_ERROR(In(ctx, 0, 1, &dh_));
     TF_RETURN_IF_ERROR(In(ctx, 1, 1, &d_rh_));
-    steps_ = ctx->input(3).dims() == 2 ? ctx->input(3).dim_size(1) : 0;
-    TF_RETURN_IF_ERROR(Step(ctx, 2));
-    TF_RETURN_IF_ERROR(Keep(ctx, 3, &keep_));
-    TF_RETURN_IF_ERROR(In(ctx, 4, 2, &g_));
-    TF_RETURN_IF_ERROR(In(ctx, 5, 1, &c_));
-    TF_RETURN_IF_ERROR(In(ctx, 6, 1, &h_prev_));
+    TF_RETURN_IF_ERROR(In(ctx, 2, 0, &keep_));
+    TF_RETURN_IF_ERROR(In(ctx, 3, 2, &g_));
+    TF_RETURN_IF_ERROR(In(ctx, 4, 1, &c_));
+    TF_RETURN_IF_ERROR(In(ctx, 5, 1, &h_prev_));
     TF_RETURN_IF_ERROR(Out(ctx, 0, 2 * units_, &dg_));
     TF_RETURN_IF_ERROR(Out(ctx, 1, 0, &d_keep_));
     return Out(ctx, 2, units_, &carry_out_);
@@ -387,7 +350,7 @@ class AugruBackwardGatesOp : public CellKernel {
 
   void ComputeRow(int64_t b) override {
     const int64_t H = units_, at = b * H;
-    const float k = keep_[b * steps_ + step_];
+    const float k = keep_[b];
     ConstRow dh(dh_ + at, H), d_rh(d_rh_ + at, H), h_prev(h_prev_ + at, H);
     ConstRow r(g_ + 2 * at, H), u(g_ + 2 * at + H, H);
     Eigen::ArrayXf d_ku = dh * (h_prev - ConstRow(c_ + at, H));
@@ -404,16 +367,16 @@ class AugruBackwardGatesOp : public CellKernel {
 
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("GruCellForward").Device(DEVICE_CPU).HostMemory("step"),
+REGISTER_KERNEL_BUILDER(Name("GruCellForward").Device(DEVICE_CPU),
                         GruCellForwardOp);
-REGISTER_KERNEL_BUILDER(Name("GruCellBackward").Device(DEVICE_CPU).HostMemory("step"),
+REGISTER_KERNEL_BUILDER(Name("GruCellBackward").Device(DEVICE_CPU),
                         GruCellBackwardOp);
-REGISTER_KERNEL_BUILDER(Name("AugruGates").Device(DEVICE_CPU).HostMemory("step"), AugruGatesOp);
-REGISTER_KERNEL_BUILDER(Name("AugruUpdate").Device(DEVICE_CPU).HostMemory("step"),
+REGISTER_KERNEL_BUILDER(Name("AugruGates").Device(DEVICE_CPU), AugruGatesOp);
+REGISTER_KERNEL_BUILDER(Name("AugruUpdate").Device(DEVICE_CPU),
                         AugruUpdateOp);
-REGISTER_KERNEL_BUILDER(Name("AugruBackwardCandidate").Device(DEVICE_CPU).HostMemory("step"),
+REGISTER_KERNEL_BUILDER(Name("AugruBackwardCandidate").Device(DEVICE_CPU),
                         AugruBackwardCandidateOp);
-REGISTER_KERNEL_BUILDER(Name("AugruBackwardGates").Device(DEVICE_CPU).HostMemory("step"),
+REGISTER_KERNEL_BUILDER(Name("AugruBackwardGates").Device(DEVICE_CPU),
                         AugruBackwardGatesOp);
 
 }  // namespace tensorflow

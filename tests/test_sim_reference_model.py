@@ -224,7 +224,8 @@ def test_initial_values_are_the_reference_layers_defaults():
 
 
 def test_gru_is_keras_gru():
-    """ResetAfterGRU against Keras's own GRU layer (reset_after=True) with the same weights."""
+    """ResetAfterGRU (time-major) against Keras's own GRU layer (reset_after=True, batch-major)
+    with the same weights."""
     from sim import blocks
     rng = np.random.default_rng(7)
     gru = blocks.ResetAfterGRU(4, 6, seed=0, key=0, name="g")
@@ -233,8 +234,8 @@ def test_gru_is_keras_gru():
     keras = tf.keras.layers.GRU(6, return_sequences=True)
     keras.build((None, 5, 4))
     keras.set_weights([gru.kernel.numpy(), gru.recurrent.numpy(), gru.bias.numpy()])
-    np.testing.assert_allclose(gru(tf.constant(x), tf.float32).numpy(), keras(x).numpy(),
-                               rtol=1e-5, atol=1e-6)
+    ours = gru(tf.constant(x.transpose(1, 0, 2)), tf.float32).numpy().transpose(1, 0, 2)
+    np.testing.assert_allclose(ours, keras(x).numpy(), rtol=1e-5, atol=1e-6)
 
 
 def reference_parameter_counts(embedding_dim=16, user_features=1, item_features=2,
@@ -282,7 +283,8 @@ def test_parameter_counts_equal_the_references(stage_one):
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_hand_written_recurrence_gradients_match_autodiff(dtype):
     """gru_states and augru_last_state (gradients by hand) against TensorFlow's autodiff in
-    float64 of the cells written out here, for every input, the attention and the kernels."""
+    float64 of the cells written out here, for every input, the attention and the kernels
+    (time-major: [steps, batch, ...])."""
     from core import fused_ops
     from sim import blocks
     if dtype == "float32":
@@ -298,34 +300,34 @@ def test_hand_written_recurrence_gradients_match_autodiff(dtype):
     def const(*shape):
         return tf.constant(rng.normal(0, 0.7, shape), f64)
 
-    projected, recurrent, rbias = const(Bn, S, 3 * H), const(H, 3 * H), const(3 * H)
-    keep, gate, cand = tf.constant(rng.random((Bn, S)), f64), const(H, 2 * H), const(H, H)
-    upstream = const(Bn, S, H)
+    projected, recurrent, rbias = const(S, Bn, 3 * H), const(H, 3 * H), const(3 * H)
+    keep, gate, cand = tf.constant(rng.random((S, Bn)), f64), const(H, 2 * H), const(H, H)
+    upstream = const(S, Bn, H)
 
     def plain_gru(x, u, b):
         h, out = tf.zeros([Bn, H], f64), []
         for t in range(S):
             hu = h @ u + b
-            z = tf.sigmoid(x[:, t, :H] + hu[:, :H])
-            r = tf.sigmoid(x[:, t, H:2 * H] + hu[:, H:2 * H])
-            n = tf.tanh(x[:, t, 2 * H:] + r * hu[:, 2 * H:])
+            z = tf.sigmoid(x[t, :, :H] + hu[:, :H])
+            r = tf.sigmoid(x[t, :, H:2 * H] + hu[:, H:2 * H])
+            n = tf.tanh(x[t, :, 2 * H:] + r * hu[:, 2 * H:])
             h = z * h + (1 - z) * n
             out.append(h)
-        return tf.stack(out, 1)
+        return tf.stack(out)
 
     def plain_augru(x, k, wg, wc):
         h = tf.zeros([Bn, H], f64)
         for t in range(S):
-            g = tf.sigmoid(x[:, t, :2 * H] + h @ wg)
+            g = tf.sigmoid(x[t, :, :2 * H] + h @ wg)
             r, u = g[:, :H], g[:, H:]
-            c = tf.tanh(x[:, t, 2 * H:] + (r * h) @ wc)
-            u = k[:, t:t + 1] * u
+            c = tf.tanh(x[t, :, 2 * H:] + (r * h) @ wc)
+            u = k[t][:, None] * u
             h = u * h + (1 - u) * c
         return h
 
     cases = [(blocks.gru_states, plain_gru, [projected, recurrent, rbias], upstream),
              (blocks.augru_last_state, plain_augru, [projected, keep, gate, cand],
-              upstream[:, 0])]
+              upstream[0])]
     for ours, plain, args, weights in cases:
         grads = []
         for fn, inputs in ((ours, [tf.cast(a, dtype) for a in args]), (plain, args)):
