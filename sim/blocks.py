@@ -338,20 +338,20 @@ def fused_gru_states(cells, projected, recurrent, recurrent_bias):
     def run(projected, recurrent, recurrent_bias):
         h = tf.zeros([tf.shape(projected)[1], recurrent.shape[0]], projected.dtype)
         saved = {"h_prev": [], "zr": [], "n": [], "hu_n": []}
-        for t in range(projected.shape[0]):
+        for t, x in enumerate(tf.unstack(projected)):  # one op; the steps share its buffer
             saved["h_prev"].append(h)
-            h, zr, n, hu_n = cells.gru_cell_forward(recurrent_product(h, recurrent, t),
-                                                    projected[t], recurrent_bias, h)
+            h, zr, n, hu_n = cells.gru_cell_forward(recurrent_product(h, recurrent, t), x,
+                                                    recurrent_bias, h)
             for name, value in (("zr", zr), ("n", n), ("hu_n", hu_n)):
                 saved[name].append(value)
         states = tf.stack(saved["h_prev"][1:] + [h])
 
         def grad(d_states):
             carry = rec = tf.zeros_like(h)
-            d_x, d_hu = [], []
+            d_x, d_hu, d_state = [], [], tf.unstack(d_states)
             for t in reversed(range(len(saved["zr"]))):
                 dx, dhu, carry = cells.gru_cell_backward(
-                    carry, rec, d_states[t], saved["zr"][t], saved["n"][t], saved["hu_n"][t],
+                    carry, rec, d_state[t], saved["zr"][t], saved["n"][t], saved["hu_n"][t],
                     saved["h_prev"][t])
                 d_x.append(dx)
                 d_hu.append(dhu)
@@ -473,22 +473,23 @@ def fused_augru_last_state(cells, projected, keep, gate_kernel, candidate_kernel
     def run(projected, keep, gate_kernel, candidate_kernel):
         h = tf.zeros([tf.shape(projected)[1], candidate_kernel.shape[0]], projected.dtype)
         saved = {"h_prev": [], "g": [], "rh": [], "c": []}
-        for t in range(projected.shape[0]):
-            g, rh = cells.augru_gates(recurrent_product(h, gate_kernel, t), projected[t], h)
+        keeps = tf.unstack(keep)
+        for t, x in enumerate(tf.unstack(projected)):
+            g, rh = cells.augru_gates(recurrent_product(h, gate_kernel, t), x, h)
             for name, value in (("h_prev", h), ("g", g), ("rh", rh)):
                 saved[name].append(value)
-            h, c = cells.augru_update(recurrent_product(rh, candidate_kernel, t), projected[t],
-                                      keep[t], g, h)
+            h, c = cells.augru_update(recurrent_product(rh, candidate_kernel, t), x, keeps[t],
+                                      g, h)
             saved["c"].append(c)
 
         def grad(d_last):
             carry, rec = d_last, tf.zeros_like(d_last)
             d_g, d_c, d_keep = [], [], []
             for t in reversed(range(len(saved["c"]))):
-                dh, dc = cells.augru_backward_candidate(carry, rec, keep[t], saved["g"][t],
+                dh, dc = cells.augru_backward_candidate(carry, rec, keeps[t], saved["g"][t],
                                                         saved["c"][t])
                 d_rh = tf.matmul(dc, candidate_kernel, transpose_b=True)
-                dg, dk, carry = cells.augru_backward_gates(dh, d_rh, keep[t], saved["g"][t],
+                dg, dk, carry = cells.augru_backward_gates(dh, d_rh, keeps[t], saved["g"][t],
                                                            saved["c"][t], saved["h_prev"][t])
                 d_g.append(dg)
                 d_c.append(dc)
@@ -629,25 +630,27 @@ def reference_auxiliary_loss(aux_mlp: ClassifierMLP, states, positive, negative,
         sum_t m_{t+1} (-log(p+_t) - log(1 - p-_t)) / (S - 1),  t = 1 .. S-1
     with p = s(aux([h_t, e_{t+1}])) + 1e-6 for the positive and the negative behaviour t+1
     and m the mask of step t+1 only. states, positive and negative time-major [S, B, ...]
-    (as the GRU's), mask [B, S]. The first layer's share of h_t is computed once for both,
-    and both then go through the rest of the network as one batch. Where NVIDIA's 1 - p- is
-    <= 0 (NaN) the log is floored at 1e-6. dropout: as ClassifierMLP's. Returns [B]
-    float32."""
-    width = states.shape[-1]
+    (as the GRU's), mask [B, S]. The first layer's share of h_t is computed once for both;
+    the positive and the negative behaviours are joined before the first layer (their
+    embeddings are a third as wide as its output) and go through the network as one batch.
+    Where NVIDIA's 1 - p- is <= 0 (NaN) the log is floored at 1e-6. dropout: as
+    ClassifierMLP's. Returns [B] float32."""
+    width, pairs = states.shape[-1], states.shape[0] - 1
     first = aux_mlp.layers[0]
     kernel = tf.cast(first["kernel"], compute_dtype)
     from_states = matmul_last_axis(steps_between(states, 0, -1, axis=0), kernel[:width],
-                                   tf.cast(first["bias"], compute_dtype))
-    hidden = [aux_mlp.activate(0, from_states + matmul_last_axis(
-        steps_between(e, 1, axis=0), kernel[width:])) for e in (positive, negative)]
-    flat = tf.reshape(tf.concat(hidden, 0), [-1, hidden[0].shape[-1]])
-    logits = tf.reshape(tf.cast(aux_mlp(flat, compute_dtype, dropout, start=1), tf.float32),
-                        [2, tf.shape(states)[0] - 1, -1])  # [2, S - 1, B]
+                                   tf.cast(first["bias"], compute_dtype))  # [S - 1, B, A]
+    behaviours = tf.concat([steps_between(e, 1, axis=0) for e in (positive, negative)], 0)
+    from_behaviours = matmul_last_axis(behaviours, kernel[width:])  # [2 (S - 1), B, A]
+    hidden = aux_mlp.activate(0, tf.reshape(from_behaviours, [2, pairs, -1, kernel.shape[1]])
+                              + from_states[None])
+    logits = tf.reshape(tf.cast(aux_mlp(tf.reshape(hidden, [-1, kernel.shape[1]]),
+                                        compute_dtype, dropout, start=1), tf.float32),
+                        [2, pairs, -1])  # [2, S - 1, B]
     click = -tf.math.log(tf.sigmoid(logits[0]) + AUX_EPS)
     no_click = -tf.math.log(tf.maximum(tf.sigmoid(-logits[1]) - AUX_EPS, AUX_EPS))
-    steps = tf.cast(tf.shape(states)[0] - 1, tf.float32)
     next_mask = tf.transpose(tf.cast(mask[:, 1:], tf.float32))
-    return tf.reduce_sum((click + no_click) * next_mask, 0) / steps
+    return tf.reduce_sum((click + no_click) * next_mask, 0) / pairs
 
 
 def top_k_selection(weights, k: int):
