@@ -131,3 +131,23 @@ def test_distinct_ids_are_tf_unique(rows, index_dtype):
     np.testing.assert_array_equal(tf.gather(distinct, position).numpy(), ids.numpy())
     with pytest.raises(tf.errors.InvalidArgumentError, match=f"id {rows} at 2 outside"):
         fused_ops.distinct_ids(tf.constant([1, 2, rows], index_dtype), rows)
+
+
+def test_a_cell_op_names_a_misshapen_step_input():
+    """The cell ops read one step's [batch, k * units] rows (time-major slices): a whole
+    batch-major [batch, steps, 3 * units] projection, or a [batch, steps] keep, is refused
+    with the input and the shape expected."""
+    require_or_skip(fused_ops.is_current("recurrent_cells"), "build/recurrent_cells.so is not "
+                    "built (tools/setup_env.sh builds it)")
+    cells = fused_ops.library("recurrent_cells")
+    batch, units, steps = 4, 3, 5
+    h, hu, bias = tf.zeros([batch, units]), tf.zeros([batch, 3 * units]), tf.zeros([3 * units])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"input 1 has shape \[4,5,9\], expected \[4, 9\]"):
+        cells.gru_cell_forward(hu, tf.zeros([batch, steps, 3 * units]), bias, h)
+    g = tf.zeros([batch, 2 * units])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"input 2 has shape \[4,5\], expected \[4\]"):
+        cells.augru_update(h, hu, tf.zeros([batch, steps]), g, h)
+    out, _ = cells.augru_update(h, hu, tf.ones([batch]), g, h)  # the right shapes pass
+    assert out.shape == (batch, units)
