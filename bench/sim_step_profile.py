@@ -65,7 +65,6 @@ def pieces(model, inputs, compute_dtype):
     import tensorflow as tf
 
     from sim import blocks
-    from sim.model import time_major
     c = model.config
     embedded = model.lookup(inputs)
     e = {k: tf.identity(v) for k, v in embedded.items()}
@@ -100,12 +99,12 @@ def pieces(model, inputs, compute_dtype):
         short, mask = e["short"], e["short_mask"]
         att = tf.nn.softmax(tf.random.normal(tf.shape(mask)))
         if c.reference:  # the blocks read time-major [S, B, ...] (the GRU's H-wide states)
-            short = time_major(short)
+            short = blocks.time_major(short)
             states = tf.identity(model.gru(short, compute_dtype))
             gru = lambda: model.gru(short, compute_dtype)  # noqa: E731
             augru = lambda: model.augru(states, tf.transpose(att), compute_dtype)  # noqa: E731
             aux = lambda: blocks.reference_auxiliary_loss(  # noqa: E731
-                model.aux_mlp, states, short, time_major(e["short_negative"]), mask,
+                model.aux_mlp, states, short, blocks.time_major(e["short_negative"]), mask,
                 compute_dtype)
         else:
             states = short

@@ -64,11 +64,6 @@ def routed_lookup_name(table: str) -> str:
     return f"routed_{table}"
 
 
-def time_major(x):
-    """[B, S, ...] -> [S, B, ...]."""
-    return tf.transpose(x, [1, 0] + list(range(2, len(x.shape))))
-
-
 class SimConfigError(ValueError):
     pass
 
@@ -501,11 +496,11 @@ class SimModel(tf.Module):
         """NVIDIA's DIENItemSequenceInteractionBlock over the (zeroed-padding) short part and
         its auxiliary loss: the attention's softmax hands a row without behaviours uniform
         weights, as NVIDIA's."""
-        short = time_major(e["short"])  # the blocks' layout (blocks.ResetAfterGRU)
+        short = blocks.time_major(e["short"])  # the recurrences' layout
         states = self.gru(short, compute_dtype)
         aux = None if "short_negative" not in e else blocks.reference_auxiliary_loss(
-            self.aux_mlp, states, short, time_major(e["short_negative"]), e["short_mask"],
-            compute_dtype, dropout)
+            self.aux_mlp, states, short, blocks.time_major(e["short_negative"]),
+            e["short_mask"], compute_dtype, dropout)
         scores = self.short_attention(e["target"], states, compute_dtype)
         attention = blocks.masked_softmax(scores, e["short_mask"], zero_padding=False)
         return self.augru(states, tf.transpose(attention), compute_dtype), aux
