@@ -1,6 +1,9 @@
 # One-command entry points. Each target sets up .venv/ first (quick when already done).
 PY := .venv/bin/python
 PYTEST_ARGS ?=
+# test processes (pytest-xdist), each test file whole in one: most tests wait on a child
+# process, a JVM or a timeout for part of their time, so two share two cores well
+TEST_WORKERS ?= 2
 
 .PHONY: setup test demo demo-wd demo-sim bench clean
 
@@ -9,7 +12,7 @@ setup:
 
 # pytest exits 5 when it collected no test; make treats any non-zero exit as failure.
 test: setup
-	$(PY) -m pytest -q tests $(PYTEST_ARGS)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile tests $(PYTEST_ARGS)
 
 demo: setup
 	@bash tools/demo.sh

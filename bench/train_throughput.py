@@ -31,7 +31,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from rates import dtype_of, measure_peaks, peak_fraction, peak_header  # noqa: E402
+from rates import SMOKE, dtype_of, measure_peaks, peak_fraction, peak_header  # noqa: E402
 VARIANTS = ("ours", "ours_xla", "ours_amp_bf16", "naive_keras", "naive_keras_onednn",
             "naive_keras_bf16", "ours_dynamic")
 
@@ -50,9 +50,9 @@ def configure_environment(variant: str) -> None:
         os.environ.pop("TF_ENABLE_ONEDNN_OPTS", None)  # TensorFlow's own default
 
 
-NUM_TABLES, ROWS, DIM, NUM_NUMERICAL = 26, 100_000, 128, 13
+NUM_TABLES, ROWS, DIM, NUM_NUMERICAL = 26, 1_000 if SMOKE else 100_000, 8 if SMOKE else 128, 13
 HASH = -7046029254386353131  # an odd 64-bit multiplier: distinct ids stay distinct
-BOTTOM, TOP = (512, 256, 128), (1024, 1024, 512, 256, 1)
+BOTTOM, TOP = ((16, DIM), (16, 1)) if SMOKE else ((512, 256, 128), (1024, 1024, 512, 256, 1))
 
 
 def flop_per_sample() -> float:
@@ -156,8 +156,8 @@ def worker(variant: str, batch_size: int, steps: int, profile: bool = False):
     return measure(step_fn, data, steps)
 
 
-def map_bytes_per_entry(entries: int = 2_600_000) -> float:
-    """Resident bytes a dynamic table's map takes per id (26 tables x 100k ids inserted)."""
+def map_bytes_per_entry(entries: int = NUM_TABLES * ROWS) -> float:
+    """Resident bytes a dynamic table's map takes per id (as many ids as the tables' rows)."""
     import numpy as np
     import tensorflow as tf
     from core.dynamic import DynamicTable
@@ -304,7 +304,8 @@ def main():
         map_bytes = run_worker("map_memory", 0, 0)
         print(f"\ndynamic tables: memory per row = vector {DIM * 4} B (+ {DIM * 4} B per "
               f"optimizer slot: SGD none, Adam 2) + row -> id and last use 16 B + map entry "
-              f"{map_bytes:.0f} B (measured: resident growth over 2.6M inserted ids)")
+              f"{map_bytes:.0f} B (measured: resident growth over {NUM_TABLES * ROWS:,} "
+              f"inserted ids)")
 
 
 if __name__ == "__main__":
