@@ -65,13 +65,22 @@ def transform(tables: dict, args, work: str):
     rows = staged(ob.with_documents(ob.with_rates(rows, args.ctr_min_views), tables), work,
                   "features")
     cardinalities = {}
-    for i, (name, _, cap) in enumerate(REQUEST_MULTIHOT + ONEHOT):
-        multi = i < len(REQUEST_MULTIHOT)
+
+    def vocabulary(rows, name, cap, multi):
         vocab = staged(ob.vocabulary(rows, name, args.frequency_threshold, cap, multi),
                        work, f"vocab_{name}")
         cardinalities[name] = max(2, vocab.count() + 1)
-        rows = staged((ob.categorify_list if multi else ob.categorify)(rows, name, vocab),
-                      work, f"categorified_{i}")
+        return vocab
+    # a list feature's mapping shuffles its lists: one stage each; the one-hot features'
+    # broadcast joins plan small, so they share one stage (a vocabulary reads only its own
+    # column, which the features mapped before it leave alone)
+    for name, _, cap in REQUEST_MULTIHOT:
+        rows = staged(ob.categorify_list(rows, name, vocabulary(rows, name, cap, True)), work,
+                      f"categorified_{name}")
+    vocabs = {name: vocabulary(rows, name, cap, False) for name, _, cap in ONEHOT}
+    for name, vocab in vocabs.items():
+        rows = ob.categorify(rows, name, vocab)
+    rows = staged(rows, work, "categorified_onehot")
     columns = ([F.col(n).cast("long") for n, _, _ in ONEHOT] +
                [F.col(n) for n, _, _ in REQUEST_MULTIHOT] +
                [F.coalesce(F.col(n), F.lit(0.0)).cast("float").alias(n) for n in NUMERICAL] +
