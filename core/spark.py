@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import os
 
+# HotSpot leaves methods over 8000 bytes of bytecode uncompiled; Spark's generated code for
+# wide rows has such methods (the Criteo job passes this to its JVMs)
+HUGE_METHODS = "-XX:-DontCompileHugeMethods"
+
 
 def local_conf(master, app_name: str, shuffle_partitions: int, **extra) -> dict:
     """A job's configuration: the master URL (default local[*]), no UI or console progress,

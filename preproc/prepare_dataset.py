@@ -31,7 +31,7 @@ if _REPO not in sys.path:
 
 from core.cli import run_cli  # noqa: E402
 from core.feature_spec import DynamicSpec  # noqa: E402
-from core.spark import start_spark, stop_spark  # noqa: E402
+from core.spark import HUGE_METHODS, start_spark, stop_spark  # noqa: E402
 from preproc.spark_data_utils import (PreprocError, NUMERICAL_COLUMNS,  # noqa: E402
                                       CATEGORICAL_COLUMNS, COMBINED_DICTIONARY_MAX, RARE_ID,
                                       FIRST_HALF_SPLIT, SECOND_HALF_SPLIT,
@@ -48,7 +48,6 @@ DEFAULTS = {
     "conversion_intermediate_dir": "/data/dlrm/intermediate_binary",
     "final_output_dir": "/data/dlrm/binary_dataset",
 }
-HUGE_METHODS = "-XX:-DontCompileHugeMethods"
 DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
 
 

@@ -2,6 +2,7 @@
 require_or_skip for tests of layers that need tools a machine may lack, and bounded_run for
 commands that could hang."""
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -12,15 +13,29 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
+from core.spark import HUGE_METHODS  # noqa: E402
 
 # The tests' Spark jobs are small and short: the JVMs pyspark starts (in process, and in
 # the jobs the tests launch) compile with the quick JIT tier only (measured: the Outbrain
-# job's three test runs 158 -> 139 s)
+# job's three test runs 158 -> 139 s). These options replace a job's own driver options,
+# so the one a job sets (HUGE_METHODS) is kept in them.
 os.environ.setdefault("PYSPARK_SUBMIT_ARGS", "--driver-java-options "
-                      "'-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell")
+                      f"'-XX:TieredStopAtLevel=1 -XX:+UseSerialGC {HUGE_METHODS}' pyspark-shell")
 
 REQUIRE_ALL = "DLRM_REQUIRE_ALL"
 HOROVODRUN = os.path.join(os.path.dirname(sys.executable), "horovodrun")
+
+
+def bash_lines(text: str) -> list:
+    """The command lines of a README text's bash blocks: continuation lines joined, comments
+    dropped."""
+    lines = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if line and not line.startswith("#"):
+                lines.append(line)
+    return lines
 
 
 def horovodrun(np_: int, *command) -> list:

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, bounded_run
+from conftest import ROOT, bash_lines, bounded_run
 
 READMES = ["README.md", *sorted(glob.glob("*/README.md", root_dir=ROOT)),
            *sorted(glob.glob("bench/*.md", root_dir=ROOT))]
@@ -46,11 +46,10 @@ def bench_commands() -> list:
     found = {}
     for readme in READMES:
         text = open(os.path.join(ROOT, readme)).read()
-        blocks = re.findall(r"```(?:bash|sh)?\n(.*?)```", text, re.S)
         inline = re.findall(r"`([^`\n]*bench/\w+\.py[^`\n]*)`",
                             re.sub(r"```.*?```", "", text, flags=re.S))
-        for line in [l for b in blocks for l in re.sub(r"\\\n\s*", " ", b).splitlines()] + inline:
-            command = re.search(r"python3? (bench/\w+\.py.*)", line.split(" #", 1)[0])
+        for line in bash_lines(text) + inline:
+            command = re.search(r"python3? (bench/\w+\.py.*)", line)
             if command:
                 argv = shlex.split(re.sub(r"\[[^]]*\]|\.\.\.", "", command.group(1)))
                 found.setdefault(tuple(argv), readme)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from conftest import HOROVODRUN, ROOT, bounded_run, require_or_skip
+from conftest import HOROVODRUN, ROOT, bash_lines, bounded_run, require_or_skip
 
 README_QUICK_STARTS = ["README.md", "wide_and_deep/README.md", "sim/README.md"]
 DEMO_SCRIPTS = {"demo": "tools/demo.sh", "demo-wd": "tools/demo_wd.sh",
@@ -26,13 +26,7 @@ def quick_start_commands(readme: str) -> list:
     heading: continuation lines joined, comments dropped, optional `[...]` parts kept."""
     text = open(os.path.join(ROOT, readme)).read()
     section = text.split("\n## Quick start", 1)[1].split("\n## ", 1)[0]
-    commands = []
-    for block in re.findall(r"```bash\n(.*?)```", section, re.S):
-        for line in re.sub(r"\\\n\s*", " ", block).splitlines():
-            line = line.split(" #", 1)[0].strip()
-            if line and not line.startswith("#"):
-                commands.append(shlex.split(re.sub(r"\[([^]]*)\]", r"\1", line)))
-    return commands
+    return [shlex.split(re.sub(r"\[([^]]*)\]", r"\1", line)) for line in bash_lines(section)]
 
 
 def test_the_makefile_demo_targets_run_the_demo_scripts():
