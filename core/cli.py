@@ -5,16 +5,18 @@ from __future__ import annotations
 import os
 import sys
 
+from core.parallel.comm import PeerStopped
+
 ERROR_STATUS = 2
 
 
 def run_cli(work, errors=(OSError, ValueError)) -> int:
     """Exit status of a tool whose `work()` returns the line to print when it succeeds (or
     None): an expected error (bad input: spec, data, flag, file) prints `error: <message>`
-    on stderr and gives ERROR_STATUS, without a traceback."""
+    on stderr and gives ERROR_STATUS, without a traceback; so does a rank whose peer ended."""
     try:
         done = work()
-    except errors as e:
+    except (PeerStopped, *errors) as e:
         print(f"error: {e}", file=sys.stderr)
         return ERROR_STATUS
     if done is not None:

@@ -112,17 +112,26 @@ def test_a_process_blocked_away_from_step_boundaries_still_ends(tmp_path):
         "interrupt (the last checkpoint written stays)"], text
 
 
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
-def test_a_signal_to_horovodrun_stops_every_rank(signum, tmp_path):
+def start_two_ranks(tmp_path):
+    """horovodrun -np 2 training DLRM, once it saved its first checkpoint: (horovodrun's
+    process, every process of the job, the ranks' processes by rank)."""
     require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
-    ckpt = tmp_path / "ckpt"
     proc = start([HOROVODRUN, "-np", "2", "-H", "localhost:2", "--gloo", sys.executable, *DLRM,
                   "--log_path", str(tmp_path / "log.json"), "--save_checkpoint_path",
-                  str(ckpt)], tmp_path)
+                  str(tmp_path / "ckpt")], tmp_path)
     wait_for(proc, tmp_path, "checkpoint saved at step")
     processes = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
-    ranks = [p for p in processes if "main.py" in " ".join(p.cmdline())]
-    assert len(ranks) >= 2, processes
+    # horovodrun starts each rank through a shell whose command line names main.py too
+    ranks = {int(p.environ()["HOROVOD_RANK"]): p for p in processes
+             if p.cmdline()[:2] == [sys.executable, "main.py"]}
+    assert sorted(ranks) == [0, 1], processes
+    return proc, processes, ranks
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_to_horovodrun_stops_every_rank(signum, tmp_path):
+    proc, processes, _ = start_two_ranks(tmp_path)
+    ckpt = tmp_path / "ckpt"
     returncode, text = interrupted(proc, tmp_path, signum, processes)
     assert returncode != 0, text
     # horovodrun sends SIGTERM to every rank; rank 0 alone says so (horovodrun then adds its
@@ -132,3 +141,26 @@ def test_a_signal_to_horovodrun_stops_every_rank(signum, tmp_path):
     stopped_at = int(lines[0].split(" at step ")[1].split(":")[0])
     step = saved_step(ckpt)
     assert step % CHECKPOINT_STEPS == 0 and 0 < step <= stopped_at, (step, stopped_at)
+
+
+def test_a_rank_stopped_alone_ends_the_job_with_one_line(tmp_path):
+    """SIGTERM to rank 1 alone: rank 0's next collective fails as Horovod shuts down. Rank 0
+    ends with one error line, no traceback: the interrupt's (horovodrun then sends it
+    SIGTERM) or, if that signal is late, the line naming the peer's end (core.parallel)."""
+    proc, processes, ranks = start_two_ranks(tmp_path)
+    ranks[1].send_signal(signal.SIGTERM)
+    try:
+        returncode = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        stop_group(proc)
+        pytest.fail(f"horovodrun still running 60 s after rank 1's SIGTERM:\n"
+                    f"{output(tmp_path)}", pytrace=False)
+    psutil.wait_procs(processes, timeout=30)
+    text = "".join(output(tmp_path))
+    # the ranks' lines (horovodrun adds its own report and traceback of their exit status)
+    ranks_text = "\n".join(line for line in text.splitlines() if line.startswith("["))
+    errors = [line for line in ranks_text.splitlines() if "error:" in line]
+    assert returncode != 0 and "Traceback" not in ranks_text, text
+    assert len(errors) == 1, text
+    assert ("error: interrupted by SIGTERM at step " in errors[0]
+            or "error: rank 0: another rank ended while this one was in " in errors[0]), text

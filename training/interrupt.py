@@ -8,7 +8,8 @@ peer has already stopped never gets there. So the signal wakes a watcher thread
 (signal.set_wakeup_fd), which prints the line at once (rank 0 alone: under horovodrun every
 rank gets horovodrun's SIGTERM) and ends the process `grace_s` seconds later, or at a
 second signal, if it has not ended by then. The loop meanwhile stops at its next step
-boundary (before any evaluation or checkpoint of that step) and exits quietly."""
+boundary (before any evaluation or checkpoint of that step) and exits quietly; so does a rank
+whose collective failed because a peer stopped at the signal first (stopped_by_signal)."""
 from __future__ import annotations
 
 import os
@@ -65,6 +66,12 @@ class StopOnSignal:
         if self._announced.is_set():
             raise SystemExit(ERROR_STATUS)
         self.step = step
+
+    def stopped_by_signal(self, wait_s: float) -> bool:
+        """Whether this process's signal was announced, waiting up to wait_s for it: under
+        horovodrun a rank that stops at its signal ends the others' collectives, which may
+        fail before their own signal reached their watcher."""
+        return self._active and self._announced.wait(wait_s)
 
     def _watch(self):
         byte = os.read(self._read, 1)

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from core.cli import ERROR_STATUS
+from core.parallel.comm import PeerStopped
 from training.interrupt import StopOnSignal
 from training.metrics import log_loss, mean_average_precision_at_k, roc_auc
 from training.progress import Progress, StepTimer
@@ -244,9 +246,14 @@ class _Run:
                           f"epoch), global batch {config.batch_size}, "
                           f"{self.trainer.comm.size} process(es)")
         with self.stop:
-            while self.step < self.total_steps and (self.benchmark or
-                                                    self.epoch < config.epochs):
-                self.run_epoch()
+            try:
+                while self.step < self.total_steps and (self.benchmark or
+                                                        self.epoch < config.epochs):
+                    self.run_epoch()
+            except PeerStopped:
+                if self.stop.stopped_by_signal(wait_s=self.stop.grace_s):
+                    raise SystemExit(ERROR_STATUS) from None  # the signal's line is out
+                raise
         self.trainer.check_diverged()
         if not self.benchmark and self.last_eval_step != self.step:
             self.evaluate()

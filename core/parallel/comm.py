@@ -11,6 +11,10 @@ import os
 ALLTOALL_NAMES = ("embedding_alltoall", "embedding_alltoall_grad")
 
 
+class PeerStopped(RuntimeError):
+    """A collective failed because another rank ended (its own error line says why)."""
+
+
 class Communicator:
     """Collectives used by the embedding layer and the training loop; this one is a single
     process (world size 1), where every collective is the identity."""

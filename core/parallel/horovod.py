@@ -14,7 +14,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from core.parallel.comm import ALLTOALL_NAMES, Communicator
+from core.parallel.comm import ALLTOALL_NAMES, Communicator, PeerStopped
 
 # test hook: "RANK:STEP:SECONDS" makes that rank sleep before the collectives of that step
 DELAY_VARIABLE = "DLRM_TEST_DELAY_RANK"
@@ -181,9 +181,19 @@ class HorovodCommunicator(Communicator):
     def broadcast_variables(self, variables):
         self.hvd.broadcast_variables(variables, root_rank=0)
 
+    @contextlib.contextmanager
     def waiting(self, what: str, step: int):
-        return self.stall_watch.wait(what, step) if self.stall_watch \
-            else contextlib.nullcontext()
+        """Also turns the error of a collective cut short by a peer's end (Horovod shuts down
+        on every rank once one has gone) into PeerStopped, naming where this rank was."""
+        try:
+            with self.stall_watch.wait(what, step) if self.stall_watch \
+                    else contextlib.nullcontext():
+                yield
+        except Exception as e:
+            if "Horovod has been shut down" not in str(e):
+                raise
+            raise PeerStopped(f"rank {self.rank}: another rank ended while this one was in "
+                              f"{what} at step {step}; that rank's output says why") from None
 
     def barrier(self):
         self.hvd.allreduce(tf.constant(0.0), op=self.hvd.Sum, name="barrier")
