@@ -135,16 +135,35 @@ def drop_cli_flags(module_name: str) -> None:
         vars(sys.modules[package]).pop(name, None)
 
 
+def kill_tree(proc) -> None:
+    """SIGKILL to a process started with start_new_session and everything below it:
+    horovodrun runs each rank in a session of its own, out of reach of its group's signal."""
+    import psutil
+    try:
+        below = psutil.Process(proc.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        below = []
+    for p in below:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
 def bounded_run(cmd, timeout, env=None, cwd=ROOT):
-    """subprocess.run under a deadline: a hang kills the whole process group (horovodrun and
-    its ranks) and fails the test saying so."""
+    """subprocess.run under a deadline: a hang kills the command and every process below it
+    (horovodrun and its ranks) and fails the test saying so."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="", **(env or {}))
     proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
+        kill_tree(proc)
         out, err = proc.communicate()
         pytest.fail(f"did not finish within {timeout} s (hung?): {' '.join(cmd)}\n"
                     f"{out[-2000:]}\n{err[-2000:]}", pytrace=False)

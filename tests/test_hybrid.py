@@ -13,7 +13,7 @@ import numpy as np
 import psutil
 import pytest
 
-from conftest import HOROVODRUN, bounded_run, horovodrun, require_or_skip
+from conftest import HOROVODRUN, bounded_run, horovodrun, kill_tree, require_or_skip
 from core.dllog import read_log
 from core.parallel.placement import make_plan
 from test_training import main_in_process
@@ -246,7 +246,7 @@ def test_killed_rank_ends_the_job(tmp_path):
         assert time.time() - killed_at < 60
     finally:
         if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc)
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 

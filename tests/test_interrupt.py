@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from conftest import HOROVODRUN, ROOT, require_or_skip
+from conftest import HOROVODRUN, ROOT, kill_tree, require_or_skip
 
 CHECKPOINT_STEPS = 50
 DLRM = ["main.py", "--dataset_type", "synthetic", "--synthetic_dataset_cardinalities",
@@ -47,10 +47,7 @@ def wait_for(proc, tmp_path, text):
 
 
 def stop_group(proc):
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    kill_tree(proc)
     proc.wait()
 
 
@@ -120,11 +117,16 @@ def start_two_ranks(tmp_path):
                   "--log_path", str(tmp_path / "log.json"), "--save_checkpoint_path",
                   str(tmp_path / "ckpt")], tmp_path)
     wait_for(proc, tmp_path, "checkpoint saved at step")
-    processes = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
-    # horovodrun starts each rank through a shell whose command line names main.py too
-    ranks = {int(p.environ()["HOROVOD_RANK"]): p for p in processes
-             if p.cmdline()[:2] == [sys.executable, "main.py"]}
-    assert sorted(ranks) == [0, 1], processes
+    try:
+        processes = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(
+            recursive=True)
+        # horovodrun starts each rank through a shell whose command line names main.py too
+        ranks = {int(p.environ()["HOROVOD_RANK"]): p for p in processes
+                 if p.cmdline()[:2] == [sys.executable, "main.py"]}
+        assert sorted(ranks) == [0, 1], processes
+    except BaseException:
+        stop_group(proc)
+        raise
     return proc, processes, ranks
 
 
