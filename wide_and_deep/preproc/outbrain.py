@@ -85,19 +85,28 @@ def with_rates(rows: DataFrame, min_views: int) -> DataFrame:
     """<key>_ctr = clicks / views of the key over training rows (0 when seen fewer than
     min_views times or never); <key>_count = log(1 + views) / log(1 + max views of any key)."""
     train = rows.where("is_train")
+    tops = most_views(train, COUNT_KEYS)
     for key in sorted(set(CTR_KEYS) | set(COUNT_KEYS)):
         stats = train.where(F.col(key).isNotNull()).groupBy(key).agg(
             F.count("*").alias("_views"), F.sum("clicked").alias("_clicks"))
-        top = stats.agg(F.max("_views")).first()[0] or 1
         out = []
         if key in CTR_KEYS:
             out.append(F.when(F.col("_views") >= min_views, F.col("_clicks") / F.col("_views"))
                        .alias(f"{key}_ctr"))
         if key in COUNT_KEYS:
-            out.append((F.log1p(F.col("_views")) / F.log1p(F.lit(float(max(top, 1)))))
+            out.append((F.log1p(F.col("_views")) / F.log1p(F.lit(float(tops.get(key, 1)))))
                        .alias(f"{key}_count"))
         rows = rows.join(F.broadcast(stats.select(key, *out)), key, "left")
     return rows
+
+
+def most_views(train: DataFrame, keys: list) -> dict:
+    """{key: the most training rows of any one value of it} (absent: no value), one job."""
+    pairs = F.array(*[F.struct(F.lit(k).alias("_key"), F.col(k).cast("string").alias("_value"))
+                      for k in keys])
+    views = train.select(F.explode(pairs).alias("_p")).select("_p.*") \
+        .where(F.col("_value").isNotNull()).groupBy("_key", "_value").count()
+    return dict(views.groupBy("_key").agg(F.max("count")).collect())
 
 
 def top_values(table: DataFrame, id_col: str) -> DataFrame:
@@ -142,17 +151,24 @@ def with_documents(rows: DataFrame, t: dict) -> DataFrame:
     return rows
 
 
-def vocabulary(rows: DataFrame, column: str, threshold: int, cardinality: int,
-               multi: bool) -> DataFrame:
-    """value (string) -> id 1.. by descending training count (ties: smaller string), for
-    values seen >= threshold times, at most cardinality - 1 of them; everything else is 0."""
-    values = rows.where("is_train").select(
-        (F.explode(column) if multi else F.col(column).cast("string")).alias("_value"))
-    counts = values.where(F.col("_value").isNotNull()).groupBy("_value").count() \
+def vocabularies(rows: DataFrame, columns: list, threshold: int) -> DataFrame:
+    """(_feature, _value, _id) of every (name, cardinality, multi) in columns, from one pass
+    over the training rows: per feature, its values (a list's elements where multi) as
+    strings, id 1.. by descending training count (ties: smaller string), for values seen
+    >= threshold times, at most cardinality - 1 of them; everything else is 0."""
+    def pairs(name, multi):
+        values = (F.coalesce(F.col(name), F.array().cast("array<string>")) if multi
+                  else F.array(F.col(name).cast("string")))
+        return F.transform(values, lambda v: F.struct(F.lit(name).alias("_feature"),
+                                                      v.cast("string").alias("_value")))
+    every = F.flatten(F.array(*[pairs(name, multi) for name, _, multi in columns]))
+    values = rows.where("is_train").select(F.explode(every).alias("_p")).select("_p.*")
+    counts = values.where(F.col("_value").isNotNull()).groupBy("_feature", "_value").count() \
         .where(F.col("count") >= threshold)
-    w = Window.orderBy(F.desc("count"), F.asc("_value"))
+    caps = F.create_map(*[F.lit(v) for name, cap, _ in columns for v in (name, cap)])
+    w = Window.partitionBy("_feature").orderBy(F.desc("count"), F.asc("_value"))
     return counts.withColumn("_id", F.row_number().over(w).cast("long")) \
-        .where(F.col("_id") < cardinality).select("_value", "_id")
+        .where(F.col("_id") < caps[F.col("_feature")]).select("_feature", "_value", "_id")
 
 
 def categorify(rows: DataFrame, column: str, vocab: DataFrame) -> DataFrame:

@@ -64,22 +64,23 @@ def transform(tables: dict, args, work: str):
     rows = staged(ob.with_split(ob.joined_rows(tables), args.seed), work, "joined")
     rows = staged(ob.with_documents(ob.with_rates(rows, args.ctr_min_views), tables), work,
                   "features")
-    cardinalities = {}
+    # every vocabulary in one pass and one staged table (a vocabulary reads only its own
+    # column, which mapping the others leaves alone); a list feature's mapping shuffles its
+    # lists: one stage each; the one-hot features' broadcast joins share one stage
+    categorical = ([(name, cap, True) for name, _, cap in REQUEST_MULTIHOT] +
+                   [(name, cap, False) for name, _, cap in ONEHOT])
+    vocab = staged(ob.vocabularies(rows, categorical, args.frequency_threshold), work,
+                   "vocabularies")
+    sizes = dict(vocab.groupBy("_feature").count().collect())
+    cardinalities = {name: max(2, sizes.get(name, 0) + 1) for name, _, _ in categorical}
 
-    def vocabulary(rows, name, cap, multi):
-        vocab = staged(ob.vocabulary(rows, name, args.frequency_threshold, cap, multi),
-                       work, f"vocab_{name}")
-        cardinalities[name] = max(2, vocab.count() + 1)
-        return vocab
-    # a list feature's mapping shuffles its lists: one stage each; the one-hot features'
-    # broadcast joins plan small, so they share one stage (a vocabulary reads only its own
-    # column, which the features mapped before it leave alone)
-    for name, _, cap in REQUEST_MULTIHOT:
-        rows = staged(ob.categorify_list(rows, name, vocabulary(rows, name, cap, True)), work,
+    def vocab_of(name):
+        return vocab.where(F.col("_feature") == name).select("_value", "_id")
+    for name, _, _ in REQUEST_MULTIHOT:
+        rows = staged(ob.categorify_list(rows, name, vocab_of(name)), work,
                       f"categorified_{name}")
-    vocabs = {name: vocabulary(rows, name, cap, False) for name, _, cap in ONEHOT}
-    for name, vocab in vocabs.items():
-        rows = ob.categorify(rows, name, vocab)
+    for name, _, _ in ONEHOT:
+        rows = ob.categorify(rows, name, vocab_of(name))
     rows = staged(rows, work, "categorified_onehot")
     columns = ([F.col(n).cast("long") for n, _, _ in ONEHOT] +
                [F.col(n) for n, _, _ in REQUEST_MULTIHOT] +
