@@ -6,8 +6,10 @@ import re
 import signal
 import subprocess
 import sys
+import time
 
 import numpy as np
+import psutil
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -138,7 +140,6 @@ def drop_cli_flags(module_name: str) -> None:
 def kill_tree(proc) -> None:
     """SIGKILL to a process started with start_new_session and everything below it:
     horovodrun runs each rank in a session of its own, out of reach of its group's signal."""
-    import psutil
     try:
         below = psutil.Process(proc.pid).children(recursive=True)
     except psutil.NoSuchProcess:
@@ -152,6 +153,25 @@ def kill_tree(proc) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
+
+
+def rank_process(log_path, rank, wait_s=30):
+    """The python process of one rank, found among all processes by the log path on its
+    command line (unique to the test): horovodrun's launcher may re-parent its ranks, so
+    they need not be descendants of the horovodrun process."""
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        for p in psutil.process_iter():
+            try:
+                cmdline = " ".join(p.cmdline())
+                if ("main.py" in cmdline and log_path in cmdline
+                        and p.environ().get("HOROVOD_RANK") == rank):
+                    return p
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                continue
+        time.sleep(0.5)
+    pytest.fail(f"no process of rank {rank} with {log_path} on its command line",
+                pytrace=False)
 
 
 def bounded_run(cmd, timeout, env=None, cwd=ROOT):

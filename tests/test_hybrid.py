@@ -10,10 +10,10 @@ import sys
 import time
 
 import numpy as np
-import psutil
 import pytest
 
-from conftest import HOROVODRUN, bounded_run, horovodrun, kill_tree, require_or_skip
+from conftest import (HOROVODRUN, bounded_run, horovodrun, kill_tree, rank_process,
+                      require_or_skip)
 from core.dllog import read_log
 from core.parallel.placement import make_plan
 from test_training import main_in_process
@@ -201,25 +201,6 @@ def test_global_batch_smaller_than_the_world_is_rejected(tmp_path):
     assert proc.returncode != 0
     assert "--batch_size 2 is smaller than the number of processes (3)" in \
         proc.stdout + proc.stderr
-
-
-def rank_process(log_path, rank, wait_s=30):
-    """The python process of one rank, found among all processes by the log path on its
-    command line (unique to the test): horovodrun's launcher may re-parent its ranks, so
-    they need not be descendants of the horovodrun process."""
-    deadline = time.time() + wait_s
-    while time.time() < deadline:
-        for p in psutil.process_iter():
-            try:
-                cmdline = " ".join(p.cmdline())
-                if ("main.py" in cmdline and log_path in cmdline
-                        and p.environ().get("HOROVOD_RANK") == rank):
-                    return p
-            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-                continue
-        time.sleep(0.5)
-    pytest.fail(f"no process of rank {rank} with {log_path} on its command line",
-                pytrace=False)
 
 
 def test_killed_rank_ends_the_job(tmp_path):

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from conftest import HOROVODRUN, ROOT, kill_tree, require_or_skip
+from conftest import HOROVODRUN, ROOT, kill_tree, rank_process, require_or_skip
 
 CHECKPOINT_STEPS = 50
 DLRM = ["main.py", "--dataset_type", "synthetic", "--synthetic_dataset_cardinalities",
@@ -117,13 +117,9 @@ def start_two_ranks(tmp_path):
                   "--log_path", str(tmp_path / "log.json"), "--save_checkpoint_path",
                   str(tmp_path / "ckpt")], tmp_path)
     wait_for(proc, tmp_path, "checkpoint saved at step")
+    processes = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(recursive=True)
     try:
-        processes = [psutil.Process(proc.pid)] + psutil.Process(proc.pid).children(
-            recursive=True)
-        # horovodrun starts each rank through a shell whose command line names main.py too
-        ranks = {int(p.environ()["HOROVOD_RANK"]): p for p in processes
-                 if p.cmdline()[:2] == [sys.executable, "main.py"]}
-        assert sorted(ranks) == [0, 1], processes
+        ranks = {rank: rank_process(str(tmp_path / "log.json"), str(rank)) for rank in (0, 1)}
     except BaseException:
         stop_group(proc)
         raise

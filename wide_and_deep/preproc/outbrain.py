@@ -102,11 +102,21 @@ def with_rates(rows: DataFrame, min_views: int) -> DataFrame:
 
 def most_views(train: DataFrame, keys: list) -> dict:
     """{key: the most training rows of any one value of it} (absent: no value), one job."""
-    pairs = F.array(*[F.struct(F.lit(k).alias("_key"), F.col(k).cast("string").alias("_value"))
-                      for k in keys])
-    views = train.select(F.explode(pairs).alias("_p")).select("_p.*") \
-        .where(F.col("_value").isNotNull()).groupBy("_key", "_value").count()
-    return dict(views.groupBy("_key").agg(F.max("count")).collect())
+    counts = value_counts(train, [(key, False) for key in keys])
+    return dict(counts.groupBy("_feature").agg(F.max("count")).collect())
+
+
+def value_counts(train: DataFrame, columns: list) -> DataFrame:
+    """(_feature, _value, count) of every (name, multi) in columns, from one pass over the
+    rows: a feature's values (a list's elements where multi) as strings, nulls left out."""
+    def pairs(name, multi):
+        values = (F.coalesce(F.col(name), F.array().cast("array<string>")) if multi
+                  else F.array(F.col(name).cast("string")))
+        return F.transform(values, lambda v: F.struct(F.lit(name).alias("_feature"),
+                                                      v.cast("string").alias("_value")))
+    every = F.flatten(F.array(*[pairs(name, multi) for name, multi in columns]))
+    values = train.select(F.explode(every).alias("_p")).select("_p.*")
+    return values.where(F.col("_value").isNotNull()).groupBy("_feature", "_value").count()
 
 
 def top_values(table: DataFrame, id_col: str) -> DataFrame:
@@ -153,21 +163,14 @@ def with_documents(rows: DataFrame, t: dict) -> DataFrame:
 
 def vocabularies(rows: DataFrame, columns: list, threshold: int) -> DataFrame:
     """(_feature, _value, _id) of every (name, cardinality, multi) in columns, from one pass
-    over the training rows: per feature, its values (a list's elements where multi) as
-    strings, id 1.. by descending training count (ties: smaller string), for values seen
-    >= threshold times, at most cardinality - 1 of them; everything else is 0."""
-    def pairs(name, multi):
-        values = (F.coalesce(F.col(name), F.array().cast("array<string>")) if multi
-                  else F.array(F.col(name).cast("string")))
-        return F.transform(values, lambda v: F.struct(F.lit(name).alias("_feature"),
-                                                      v.cast("string").alias("_value")))
-    every = F.flatten(F.array(*[pairs(name, multi) for name, _, multi in columns]))
-    values = rows.where("is_train").select(F.explode(every).alias("_p")).select("_p.*")
-    counts = values.where(F.col("_value").isNotNull()).groupBy("_feature", "_value").count() \
-        .where(F.col("count") >= threshold)
+    over the training rows (value_counts): per feature, id 1.. by descending training count
+    (ties: smaller string), for values seen >= threshold times, at most cardinality - 1 of
+    them; everything else is 0."""
+    counts = value_counts(rows.where("is_train"), [(name, multi) for name, _, multi in columns])
     caps = F.create_map(*[F.lit(v) for name, cap, _ in columns for v in (name, cap)])
     w = Window.partitionBy("_feature").orderBy(F.desc("count"), F.asc("_value"))
-    return counts.withColumn("_id", F.row_number().over(w).cast("long")) \
+    return counts.where(F.col("count") >= threshold) \
+        .withColumn("_id", F.row_number().over(w).cast("long")) \
         .where(F.col("_id") < caps[F.col("_feature")]).select("_feature", "_value", "_id")
 
 
