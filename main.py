@@ -102,6 +102,12 @@ flags.DEFINE_string("restore_checkpoint_path", None, "Restore (and resume from) 
 flags.DEFINE_bool("continue_on_new_data", False, "With --restore_checkpoint_path: keep the "
                   "weights, optimizer state and dynamic tables' maps, and train --epochs over "
                   "--dataset_path from step 0 (continuous training; the schedule restarts)")
+flags.DEFINE_bool("keep_best", False, "End training on the best evaluation's state (highest "
+                  "validation AUC): the final checkpoint, and so --mode deploy's SavedModel, "
+                  "is that state (kept beside --save_checkpoint_path as <path>.best while "
+                  "training). Off by default: NVIDIA's command lines end on the last step")
+flags.DEFINE_integer("early_stopping_patience", 0, "Stop training after this many "
+                     "evaluations without a higher validation AUC (0: never)")
 flags.DEFINE_string("saved_model_output_path", None, "--mode deploy: SavedModel directory")
 flags.DEFINE_string("log_path", "dlrm_tf_log.json", "DLLogger JSON-lines log file")
 flags.DEFINE_bool("print_plan", False, "Print the table placement plan and exit (no data "
@@ -166,6 +172,12 @@ def check_flags(world_size: int) -> None:
     if FLAGS.mode == "deploy" and world_size > 1:
         raise UsageError("--mode deploy runs in one process: restore the checkpoint there "
                          "(checkpoints do not depend on the number of processes)")
+    if FLAGS.keep_best and FLAGS.mode == "train" and not FLAGS.save_checkpoint_path:
+        raise UsageError("--keep_best needs --save_checkpoint_path (the best evaluation's "
+                         "state is kept beside it)")
+    if FLAGS.early_stopping_patience < 0:
+        raise UsageError(f"--early_stopping_patience must be >= 0, found "
+                         f"{FLAGS.early_stopping_patience}")
     if FLAGS.loss_scale is not None and FLAGS.loss_scale <= 0:
         raise UsageError(f"--loss_scale must be positive, found {FLAGS.loss_scale}")
 
@@ -264,18 +276,15 @@ def loop_config():
     return loop.LoopConfig(epochs=FLAGS.epochs, batch_size=FLAGS.batch_size,
                       print_freq=FLAGS.print_freq, evals_per_epoch=FLAGS.evals_per_epoch,
                       max_steps=max(FLAGS.max_steps, 0), checkpoint_steps=FLAGS.checkpoint_steps,
-                      benchmark_warmup_steps=FLAGS.benchmark_warmup_steps)
+                      benchmark_warmup_steps=FLAGS.benchmark_warmup_steps,
+                      keep_best=FLAGS.keep_best,
+                      early_stopping_patience=FLAGS.early_stopping_patience)
 
 
-def saver(trainer):
-    """The loop's checkpoint function (None: no --save_checkpoint_path)."""
-    if not FLAGS.save_checkpoint_path:
-        return None
-
-    def save(position):
-        checkpoint.save(FLAGS.save_checkpoint_path, trainer, position)
-        return FLAGS.save_checkpoint_path
-    return save
+def checkpoints(trainer) -> loop.Checkpoints:
+    return loop.Checkpoints(FLAGS.save_checkpoint_path,
+                            lambda path, position: checkpoint.save(path, trainer, position),
+                            lambda path: checkpoint.restore(path, trainer))
 
 
 def run_mode(trainer, spec, plan, comm, logger, position) -> None:
@@ -288,7 +297,7 @@ def run_mode(trainer, spec, plan, comm, logger, position) -> None:
     if FLAGS.mode == "train":
         loop.train(trainer, pipeline(spec, plan, comm, True),
                    lambda: loop.evaluate(trainer, eval_pipe.epoch()), logger, loop_config(),
-                   position, saver(trainer))
+                   position, checkpoints(trainer))
         return
     if FLAGS.mode == "eval":
         loop.log_result(logger, "eval", loop.evaluate(trainer, eval_pipe.epoch()))

@@ -1,5 +1,6 @@
-"""Training curves from a DLLogger log: loss per step, AUC (and MAP@12 when logged) per
-evaluation, as a PNG.
+"""Training curves from a DLLogger log: loss per step (labelled with what the run's loss
+is), AUC (and MAP@12 when logged) per evaluation, with the kept (or best) evaluation marked,
+as a PNG.
 
   python plot_log.py dlrm_log.json --out curves.png
 """
@@ -34,22 +35,45 @@ def curves(records):
     return loss, {k: v for k, v in evals.items() if v}
 
 
+def run_facts(records) -> tuple:
+    """(what the loss is, (step, label) of the evaluation to mark or None) from the run's
+    records without a step: its loss_name, and its final record's kept (else best) step."""
+    loss_name, marked = "binary cross-entropy", None
+    for r in records:
+        if r["type"] != "LOG" or r["step"] != []:
+            continue
+        data = r["data"]
+        loss_name = data.get("loss_name", loss_name)
+        if "kept_step" in data:
+            marked = (data["kept_step"], f"kept: epoch {data['kept_epoch']}")
+        elif "best_step" in data:
+            marked = (data["best_step"], f"best: epoch {data['best_epoch']} (not kept)")
+    return loss_name, marked
+
+
 def plot(log_path: str, out_path: str) -> None:
     """Training loss, then one panel per evaluation metric found (AUC always drawn)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    loss, evals = curves(read_log(log_path))
+    records = read_log(log_path)
+    loss, evals = curves(records)
+    loss_name, marked = run_facts(records)
     if not loss and not evals:
         raise ValueError(f"{log_path}: no loss, auc or map12 records to plot")
     panels = ["auc"] + [k for k in evals if k != "auc"]
     fig, axes = plt.subplots(1, 1 + len(panels), figsize=(5.5 * (1 + len(panels)), 4))
     if loss:
         axes[0].plot(*zip(*loss), color="tab:blue")
-    axes[0].set(title="training loss", xlabel="step", ylabel="binary cross-entropy")
+    axes[0].set(title="training loss", xlabel="step", ylabel=loss_name)
     for ax, key, color in zip(axes[1:], panels, ("tab:green", "tab:orange")):
         if key in evals:
             ax.plot(*zip(*evals[key]), marker="o", color=color)
+            at = dict(evals[key]).get(marked[0]) if marked else None
+            if at is not None:
+                ax.plot([marked[0]], [at], marker="*", markersize=16, color="tab:red",
+                        linestyle="none", label=f"{marked[1]}: {at:.4f}")
+                ax.legend(loc="best")
         title, ylabel = EVAL_PANELS[key]
         ax.set(title=title, xlabel="step", ylabel=ylabel)
     for ax in axes:

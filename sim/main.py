@@ -110,6 +110,12 @@ flags.DEFINE_string("results_dir", "results", "Directory of the log and curves")
 flags.DEFINE_string("log_filename", "log.json", "DLLogger log, in --results_dir")
 flags.DEFINE_string("save_checkpoint_path", None, "Save a checkpoint here after training")
 flags.DEFINE_string("load_checkpoint_path", None, "Resume from / infer with this checkpoint")
+flags.DEFINE_bool("keep_best", False, "End training on the best evaluation's state (highest "
+                  "AUC): the checkpoint and --export_path's SavedModel are that state (kept "
+                  "beside --save_checkpoint_path as <path>.best while training). Off by "
+                  "default, as NVIDIA's command lines end on the last epoch")
+flags.DEFINE_integer("early_stopping_patience", 0, "Stop training after this many "
+                     "evaluations without a higher AUC (0: never)", lower_bound=0)
 flags.DEFINE_string("export_path", None, "Also write a SavedModel here after training")
 flags.DEFINE_bool("benchmark", False, "Time training steps; report samples/s")
 flags.DEFINE_integer("benchmark_warmup_steps", 20, "Untimed steps before benchmarking",
@@ -213,36 +219,41 @@ def loop_config():
     return loop.LoopConfig(epochs=F.epochs, batch_size=F.global_batch_size, print_freq=F.print_freq,
                       batches_per_epoch=batches, repeat_count=max(F.repeat_count, 1),
                       benchmark_warmup_steps=F.benchmark_warmup_steps,
-                      benchmark_steps=F.benchmark_steps if F.benchmark else 0)
+                      benchmark_steps=F.benchmark_steps if F.benchmark else 0,
+                      keep_best=F.keep_best, early_stopping_patience=F.early_stopping_patience)
+
+
+def restore(trainer, path: str, comm) -> dict:
+    return checkpoint.restore_replica(
+        path, trainer.variables(), trainer.named_state(),
+        trainer.model.config.checkpoint_shape(), trainer.optimizer,
+        # fields older checkpoints lack
+        dynamic_tables=trainer.dynamic_tables(),
+        model_defaults={"dynamic": [], "item_item_interaction": "activation_unit",
+                        "architecture": "compact"}, row_ranges=trainer.row_ranges(),
+        comm=comm)
 
 
 def run(spec, comm, logger):
+    if F.keep_best and F.mode == "train" and not F.save_checkpoint_path:
+        raise ValueError("--keep_best needs --save_checkpoint_path (the best evaluation's "
+                         "state is kept beside it)")
     trainer = build(spec, comm, logger)
     position = {"epoch": 0, "step": 0}
     if F.load_checkpoint_path:
-        position = checkpoint.restore_replica(
-            F.load_checkpoint_path, trainer.variables(), trainer.named_state(),
-            trainer.model.config.checkpoint_shape(), trainer.optimizer,
-            # fields older checkpoints lack
-            dynamic_tables=trainer.dynamic_tables(),
-            model_defaults={"dynamic": [], "item_item_interaction": "activation_unit",
-                            "architecture": "compact"}, row_ranges=trainer.row_ranges(),
-            comm=comm)
+        position = restore(trainer, F.load_checkpoint_path, comm)
     train, test = pipelines(spec, comm)
     if F.mode == "inference":
         loop.log_result(logger, "inference", loop.benchmark_inference(
             trainer, test(), F.benchmark_steps, F.benchmark_warmup_steps))
         return
-    save = None
-    if F.save_checkpoint_path:
-        def save(position):
-            checkpoint.save_replica(F.save_checkpoint_path, trainer.named_state(), comm,
-                                    position, trainer.model.config.checkpoint_shape(),
-                                    trainer.optimizer, trainer.dynamic_tables(),
-                                    trainer.row_ranges())
-            return F.save_checkpoint_path
+    def save(path, position):
+        checkpoint.save_replica(path, trainer.named_state(), comm, position,
+                                trainer.model.config.checkpoint_shape(), trainer.optimizer,
+                                trainer.dynamic_tables(), trainer.row_ranges())
     loop.train(trainer, train, lambda: loop.evaluate(trainer, test()), logger, loop_config(),
-               position, save)
+               position, loop.Checkpoints(F.save_checkpoint_path, save,
+                                          lambda path: restore(trainer, path, comm)))
     model = whole_model(trainer, comm) if F.export_path else None
     if model is not None:
         export_saved_model(model, *export.serving(model, spec), F.export_path, "sim_serving")

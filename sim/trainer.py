@@ -78,6 +78,17 @@ class SimTask:
             per_row += aux
         return mean_share(per_row, global_rows)
 
+    @property
+    def loss_name(self) -> str:
+        """The terms loss() adds (DIEN and SIM: the auxiliary loss of the behaviour GRU)."""
+        c = self.model.config
+        if c.model_type == "din":
+            return "binary cross-entropy"
+        if c.model_type == "dien":
+            return "total loss: BCE + auxiliary loss"
+        stages = "mean of the two stages' BCE" if c.reference else "BCE + search-stage BCE"
+        return f"total loss: {stages} + auxiliary loss"
+
     def predict(self, batch, compute_dtype):
         logit, _, _ = self.model.forward(self.model.lookup(batch[0], training=False),
                                          compute_dtype)

@@ -94,13 +94,17 @@ START = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
 
 
 def train(clock, train_pipe, eval_pipe, logger=None, position=START, save=None, **config):
-    """loops.train with the fake trainer; config: LoopConfig fields over small defaults."""
+    """loops.train with the fake trainer; config: LoopConfig fields over small defaults;
+    save(position): the checkpoint function (its positions without the selection's state)."""
     trainer = FakeTrainer(clock)
     values = dict(epochs=1, batch_size=100, print_freq=1, benchmark_warmup_steps=100)
+    checkpoints = None if save is None else loops.Checkpoints(
+        "ckpt", lambda path, position: save({k: v for k, v in position.items()
+                                             if k != "selection"}), None)
     final, _ = loops.train(trainer, train_pipe,
                            lambda: loops.evaluate(trainer, eval_pipe.epoch()),
                            logger or FakeLogger(), loops.LoopConfig(**{**values, **config}),
-                           position, save)
+                           position, checkpoints)
     return final
 
 

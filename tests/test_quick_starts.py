@@ -5,6 +5,7 @@ what gets tested. Each must exit 0 and print its headline figure."""
 import os
 import re
 import shlex
+import subprocess
 import sys
 
 import pytest
@@ -19,6 +20,24 @@ DEMO_HEADLINES = {"demo": rf"demo result: test AUC {FIGURE} over [\d,]+ rows",
                   "demo-wd": rf"demo result: test AUC {FIGURE}, MAP@12 {FIGURE}",
                   "demo-sim": rf"demo result: test AUC SIM {FIGURE} vs DIEN {FIGURE} .*DIN.* "
                               rf"{FIGURE}\); inference [\d,]+ samples/s"}
+
+
+# what set-up and test runs may leave in the tree (all ignored by .gitignore)
+EXPECTED_IN_TREE = (".venv/", "build/", ".pytest_cache/")
+
+
+def files_in_tree() -> set:
+    """Every path git reports beside the committed files (untracked or ignored), less the
+    set-up's and Python's own."""
+    listed = subprocess.run(["git", "status", "--porcelain", "--ignored", "--untracked-files=all"],
+                            cwd=ROOT, capture_output=True, text=True, check=True).stdout
+    paths = {line[3:] for line in listed.splitlines() if line[:2] in ("??", "!!")}
+    return {p for p in paths if not p.startswith(EXPECTED_IN_TREE) and "__pycache__/" not in p}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def tree_before():
+    return files_in_tree()
 
 
 def quick_start_commands(readme: str) -> list:
@@ -130,3 +149,9 @@ def test_quick_start_command_lines_run_at_smoke_size(readme, tmp_path):
         expected = headline(command)
         assert expected is None or re.search(expected, proc.stdout), \
             f"{shown}: no headline figure\n{proc.stdout[-2000:]}"
+
+
+def test_the_quick_starts_and_demos_leave_no_file_in_the_working_tree(tree_before):
+    """Runs after this module's demos and README commands (pytest keeps a file's order): each
+    writes under its own output directory, none in the repository (a run's log included)."""
+    assert files_in_tree() - tree_before == set()

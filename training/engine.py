@@ -166,6 +166,12 @@ class Trainer:
             self._predict_fn = compiled(
                 self._predict_step, None if predict_signature is None else [predict_signature])
 
+    @property
+    def loss_name(self) -> str:
+        """What the step's loss is, for the curves' label: a task whose loss is more than
+        one binary cross-entropy names its terms (`loss_name`)."""
+        return getattr(self.task, "loss_name", "binary cross-entropy")
+
     # ---- the step ---------------------------------------------------------------------
     def _dense_forward_backward(self, inputs, embedded, context, scale):
         dense, flat = list(self.dense_vars.values()), tf.nest.flatten(embedded)

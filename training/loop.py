@@ -7,8 +7,11 @@ flags. Every family logs the same metric names (the seed's, DLRM's):
   per step       loss, learning_rate (or <group>_learning_rate), samples_per_second
   evaluation     auc, validation_loss, eval_samples, map12 (Wide & Deep); train_loss and
                  train_samples (mean loss and rows of the epoch's steps so far)
-  final          the last evaluation, step, training_seconds, throughput, mean_step_time_ms,
-                 timed_steps, timed_samples
+  selection      best_epoch, best_step and the selection metric's best value (best_<metric>)
+                 after each evaluation (training/selection.py)
+  final          the kept evaluation (with keep_best; else the last), kept_epoch, kept_step,
+                 step, training_seconds, throughput, mean_step_time_ms, timed_steps,
+                 timed_samples
   inference      mean_inference_throughput, mean_inference_latency, p90/p95/p99_inference_latency
 """
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import itertools
 import time
 from dataclasses import dataclass
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -24,6 +28,7 @@ from core.parallel.comm import PeerStopped
 from training.interrupt import StopOnSignal
 from training.metrics import log_loss, mean_average_precision_at_k, roc_auc
 from training.progress import Progress, StepTimer
+from training.selection import Selection, best_state_path
 
 MAP_AT = 12
 
@@ -49,6 +54,9 @@ class LoopConfig:
     benchmark_warmup_steps: int = 0     # steps left out of the final throughput
     benchmark_steps: int = 0            # > 0: a benchmark run: warm-up + this many steps,
     #                                     cycling the data, no evaluation or checkpoint
+    selection_metric: str = "auc"       # the validation figure that picks the best evaluation
+    keep_best: bool = False             # end on the best evaluation's state (checkpoint, export)
+    early_stopping_patience: int = 0    # > 0: stop after this many evaluations without a better one
 
     def steps_per_epoch(self, data_batches: int) -> int:
         steps = data_batches * max(self.repeat_count, 1)
@@ -59,6 +67,15 @@ class LoopConfig:
             return self.benchmark_warmup_steps + self.benchmark_steps
         total = steps_per_epoch * self.epochs
         return min(total, self.max_steps) if self.max_steps > 0 else total
+
+
+@dataclass(frozen=True)
+class Checkpoints:
+    """A family's checkpoints: save(path, position) writes the training state, restore(path)
+    loads it and returns its position; `path` is the run's checkpoint (None: none is saved)."""
+    path: Optional[str]
+    save: Callable[[str, dict], None]
+    restore: Callable[[str], dict]
 
 
 def evaluate(trainer, batches, groups=None) -> dict:
@@ -160,10 +177,14 @@ class _Reporter:
 class _Run:
     """One call of train(): the position, the counters and what happens between steps."""
 
-    def __init__(self, trainer, data, evaluator, logger, config: LoopConfig, position, save):
+    def __init__(self, trainer, data, evaluator, logger, config: LoopConfig, position,
+                 checkpoints: Optional[Checkpoints]):
         self.trainer, self.data, self.evaluator = trainer, data, evaluator
         self.stop = StopOnSignal(trainer.comm.rank)
-        self.logger, self.config, self.save_fn = logger, config, save
+        self.logger, self.config, self.checkpoints = logger, config, checkpoints
+        if config.keep_best and not (checkpoints and checkpoints.path):
+            raise ValueError("keeping the best evaluation's state needs a checkpoint path "
+                             "(the state is kept beside the run's checkpoint)")
         self.steps_per_epoch = config.steps_per_epoch(len(data))
         if self.steps_per_epoch == 0:
             raise ValueError(f"the training data has fewer rows than one batch "
@@ -171,7 +192,11 @@ class _Run:
         self.total_steps = config.total_steps(self.steps_per_epoch)
         self.eval_every = max(self.steps_per_epoch // config.evals_per_epoch, 1)
         self.step, self.epoch = position["step"], position["epoch"]
+        self.start_step = self.step
         self.batch_in_epoch = position.get("batch_in_epoch", 0)
+        self.selection = Selection.resumed(config.selection_metric,
+                                           config.early_stopping_patience, position,
+                                           config.keep_best)
         self.metrics, self.last_eval_step, self.last_saved_step = {}, None, None
         self.reporter = _Reporter(trainer, logger, self.total_steps, config.batch_size)
         self.timer = StepTimer(config.benchmark_warmup_steps, clock=time.perf_counter)
@@ -183,7 +208,13 @@ class _Run:
     def benchmark(self) -> bool:
         return self.config.benchmark_steps > 0
 
-    def evaluate(self) -> None:
+    @property
+    def finished(self) -> bool:
+        return self.step >= self.total_steps or self.selection.stopped_early
+
+    def evaluate(self, select: bool = True) -> None:
+        """One evaluation; `select`: it takes part in model selection (not when it only
+        re-evaluates a state a resumed run has already judged)."""
         self.trainer.check_diverged()
         with self.trainer.comm.waiting("the evaluation (gather and broadcast)", self.step):
             metrics = self.evaluator()
@@ -193,21 +224,45 @@ class _Run:
                            train_samples=self.epoch_rows)
         self.metrics, self.last_eval_step = metrics, self.step
         self.logger.log((self.epoch, self.step), metrics)
+        was_stopped = self.selection.stopped_early
+        improved = select and self.selection.update(metrics, self.epoch, self.step)
         self.logger.print(f"eval at step {self.step} (epoch {self.epoch}): "
-                          f"{metrics_text(metrics)}")
+                          f"{metrics_text(metrics)}{self._selection_text(improved)}")
+        if improved and self.config.keep_best:
+            self.selection.kept_at = best_state_path(self.checkpoints.path)
+            self._save_to(self.selection.kept_at, "the best state's barrier")
+        if self.selection.stopped_early and not was_stopped:
+            self.logger.print(f"early stopping at step {self.step}: "
+                              f"{self.selection.since_best} evaluations without a "
+                              f"{self.selection.metric} above the best, "
+                              f"{self.selection.text()}")
+        self.reporter.restart()
+
+    def _selection_text(self, improved: bool) -> str:
+        if improved:
+            return "  (best so far)"
+        return (f"  (best: epoch {self.selection.best_epoch}, "
+                f"{self.selection.since_best} evaluation(s) since)")
+
+    def position(self) -> dict:
+        """Where a resumed run starts, with the selection's counters."""
+        return dict(next_position(self.step, self.epoch, self.batch_in_epoch,
+                                  self.steps_per_epoch), selection=self.selection.state())
+
+    def _save_to(self, path: str, barrier: str) -> None:
+        self.trainer.check_diverged()  # a diverged state is never saved
+        with self.trainer.comm.waiting(barrier, self.step):
+            self.checkpoints.save(path, self.position())
+        self.logger.log((self.epoch, self.step), {"checkpoint_saved": path})
+        self.logger.print(f"checkpoint saved at step {self.step}: {path}")
         self.reporter.restart()
 
     def save(self) -> None:
-        if self.save_fn is None or self.benchmark or self.last_saved_step == self.step:
+        if self.checkpoints is None or not self.checkpoints.path or self.benchmark \
+                or self.last_saved_step == self.step:
             return
-        self.trainer.check_diverged()  # a diverged state is never saved
-        with self.trainer.comm.waiting("the checkpoint's barrier", self.step):
-            where = self.save_fn(next_position(self.step, self.epoch, self.batch_in_epoch,
-                                               self.steps_per_epoch))
+        self._save_to(self.checkpoints.path, "the checkpoint's barrier")
         self.last_saved_step = self.step
-        self.logger.log((self.epoch, self.step), {"checkpoint_saved": where})
-        self.logger.print(f"checkpoint saved at step {self.step}: {where}")
-        self.reporter.restart()
 
     def after_step(self, loss, rows: int) -> None:
         config, end_of_epoch = self.config, self.batch_in_epoch == self.steps_per_epoch
@@ -235,8 +290,8 @@ class _Run:
             self.reporter.progress.step_done()
             self.stop.check(self.step)  # before the step's evaluation or checkpoint
             self.after_step(loss, rows)
-            if self.step >= self.total_steps:
-                return  # the epoch is not advanced here: save() derives the next position
+            if self.finished:
+                return  # the epoch is not advanced here: position() derives the next one
         self.epoch, self.batch_in_epoch = self.epoch + 1, 0
         self.epoch_losses, self.epoch_rows = [], 0
 
@@ -245,10 +300,13 @@ class _Run:
         self.logger.print(f"training: {self.total_steps} steps ({self.steps_per_epoch} per "
                           f"epoch), global batch {config.batch_size}, "
                           f"{self.trainer.comm.size} process(es)")
+        self.logger.log((), {"loss_name": getattr(self.trainer, "loss_name", "loss")})
+        if self.selection.stopped_early:
+            self.logger.print(f"this run had stopped early (patience spent; the state of "
+                              f"step {self.step}): no step to train")
         with self.stop:
             try:
-                while self.step < self.total_steps and (self.benchmark or
-                                                        self.epoch < config.epochs):
+                while not self.finished and (self.benchmark or self.epoch < config.epochs):
                     self.run_epoch()
             except PeerStopped:
                 if self.stop.stopped_by_signal(wait_s=self.stop.grace_s):
@@ -256,18 +314,55 @@ class _Run:
                 raise
         self.trainer.check_diverged()
         if not self.benchmark and self.last_eval_step != self.step:
-            self.evaluate()
-        elapsed = time.perf_counter() - start
-        final = dict(self.metrics, step=self.step, training_seconds=elapsed,
-                     **self.timer.summary())
+            self.evaluate(select=self.step != self.start_step)
+        trained_steps, elapsed = self.step, time.perf_counter() - start
+        if not self.benchmark and config.keep_best:
+            self._restore_best()
+        final = dict(self.metrics, step=trained_steps, training_seconds=elapsed,
+                     **self.timer.summary(), **self._kept_fields())
         self.logger.log((), final)
-        self.logger.print(f"done: step {self.step}, {metrics_text(final) or 'no evaluation'}, "
+        self.logger.print(f"done: step {trained_steps}, {self._final_text(final)}, "
                           f"{elapsed:.1f} s{_throughput_text(final, config)}")
         self.save()
         return final
 
-    def position(self) -> dict:
-        return next_position(self.step, self.epoch, self.batch_in_epoch, self.steps_per_epoch)
+    def _restore_best(self) -> None:
+        """End on the best evaluation's state: load it (unless it is the current one) with
+        the position and counters it was saved with, so the final checkpoint and export are
+        that state, and a run resumed from it retrains (and re-evaluates) what followed it
+        exactly as this run did. Only whether patience was spent is carried over."""
+        best = self.selection
+        if best.best_step < 0:
+            return
+        if best.best_step != self.step:
+            position = self.checkpoints.restore(best.kept_at)
+            self.step, self.epoch = position["step"], position["epoch"]
+            self.batch_in_epoch = position.get("batch_in_epoch", 0)
+            self.selection = Selection.resumed(best.metric, best.patience, position, True)
+            self.selection.stopped_early = best.stopped_early
+            self.last_saved_step = None
+            self.logger.print(f"kept the best evaluation's state: {best.text()}")
+        self.metrics = dict(best.best_figures)
+
+    def _kept_fields(self) -> dict:
+        best = self.selection
+        if self.benchmark or best.best_step < 0:
+            return {}
+        fields = {"best_epoch": best.best_epoch, "best_step": best.best_step,
+                  f"best_{best.metric}": best.best}
+        if self.config.keep_best:
+            fields.update(kept_epoch=best.best_epoch, kept_step=best.best_step)
+        return dict(fields, stopped_early=1) if best.stopped_early else fields
+
+    def _final_text(self, final: dict) -> str:
+        if self.benchmark or not self.metrics:
+            return "no evaluation"
+        if self.config.keep_best:
+            return f"kept the best evaluation, {self.selection.text()}"
+        last = metrics_text(final)
+        if self.selection.best_step in (-1, self.last_eval_step):
+            return last
+        return f"{last} (best: {self.selection.text()}; --keep_best would keep it)"
 
 
 def _throughput_text(final: dict, config: LoopConfig) -> str:
@@ -277,11 +372,11 @@ def _throughput_text(final: dict, config: LoopConfig) -> str:
 
 
 def train(trainer, data, evaluator, logger, config: LoopConfig, position: dict,
-          save=None) -> tuple:
-    """Train from `position` ({'step', 'epoch'[, 'batch_in_epoch']}) to the end of the
-    config's epochs or steps; evaluator() -> metrics dict; save(position) -> where it saved
-    (None: no checkpoints). Returns the final record and the position after it."""
-    run = _Run(trainer, data, evaluator, logger, config, position, save)
+          checkpoints: Optional[Checkpoints] = None) -> tuple:
+    """Train from `position` ({'step', 'epoch'[, 'batch_in_epoch', 'selection']}) to the end
+    of the config's epochs or steps, or an early stop; evaluator() -> metrics dict. Returns
+    the final record and the position after it (the kept state's, with keep_best)."""
+    run = _Run(trainer, data, evaluator, logger, config, position, checkpoints)
     return run.run(), run.position()
 
 

@@ -49,6 +49,13 @@ def parse_args(argv=None):
     a("--num_auc_thresholds", type=int, default=8000,
       help="accepted for NVIDIA's command lines; the AUC here is exact (all scores ranked), "
            "not a histogram of this many thresholds")
+    a("--keep_best", action="store_true",
+      help="end training on the best evaluation's state (highest MAP@12, or AUC with "
+           "--disable_map_calculation): the checkpoint and the SavedModel are that state "
+           "(kept in --model_dir/checkpoint.best while training); off by default, as "
+           "NVIDIA's command lines end on the last epoch")
+    a("--early_stopping_patience", type=int, default=0,
+      help="stop after this many evaluations without a better MAP@12 (AUC) (0: never)")
     a("--evaluate", action="store_true", help="evaluate only (with --use_checkpoint)")
     a("--benchmark", action="store_true", help="measure train (or eval) samples/s")
     a("--benchmark_warmup_steps", type=int, default=500, help="steps before timing")
@@ -71,7 +78,10 @@ def parse_args(argv=None):
            "(open vocabulary; the spec's cardinality is the capacity)")
     a("--dynamic_min_count", type=int, default=1,
       help="--dynamic_features: occurrences before an id gets a row of its own")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.early_stopping_patience < 0:
+        p.error(f"--early_stopping_patience must be >= 0, found {args.early_stopping_patience}")
+    return args
 
 
 def main(argv=None) -> int:

@@ -82,19 +82,18 @@ class Run:
         groups = (lambda batch: batch[self.display]) if self.display else None
         return loop.evaluate(self.trainer, self.eval_pipe.epoch(), groups)
 
-    def _save(self, position: dict) -> str:
-        checkpoint.save_replica(self.checkpoint_path, self.trainer.named_state(), self.comm,
-                                position, dynamic_tables=self.trainer.dynamic_tables(),
+    def _save(self, path: str, position: dict) -> None:
+        checkpoint.save_replica(path, self.trainer.named_state(), self.comm, position,
+                                dynamic_tables=self.trainer.dynamic_tables(),
                                 row_ranges=self.trainer.row_ranges())
-        return self.checkpoint_path
 
-    def _restore(self) -> dict:
+    def _restore(self, path: str) -> dict:
         state = self.trainer.named_state()
-        position = checkpoint.restore_replica(self.checkpoint_path, state, state,
+        position = checkpoint.restore_replica(path, state, state,
                                               dynamic_tables=self.trainer.dynamic_tables(),
                                               row_ranges=self.trainer.row_ranges(),
                                               comm=self.comm)
-        self.logger.print(f"restored {self.checkpoint_path} (epoch {position['epoch']})")
+        self.logger.print(f"restored {path} (epoch {position['epoch']})")
         return position
 
     def _loop_config(self) -> loop.LoopConfig:
@@ -102,7 +101,10 @@ class Run:
         return loop.LoopConfig(epochs=args.num_epochs, batch_size=args.global_batch_size,
                                print_freq=args.print_freq, checkpoint_every_epoch=True,
                                benchmark_warmup_steps=args.benchmark_warmup_steps,
-                               benchmark_steps=args.benchmark_steps if args.benchmark else 0)
+                               benchmark_steps=args.benchmark_steps if args.benchmark else 0,
+                               selection_metric="map12" if self.display else "auc",
+                               keep_best=args.keep_best,
+                               early_stopping_patience=args.early_stopping_patience)
 
     def execute(self) -> None:
         args = self.args
@@ -111,10 +113,11 @@ class Run:
         position = {"epoch": 0, "step": 0}
         if args.use_checkpoint and (args.evaluate or
                                     os.path.exists(self.checkpoint_path)):
-            position = self._restore()
+            position = self._restore(self.checkpoint_path)
         if not args.evaluate:
             loop.train(self.trainer, self.train_pipe, self._evaluate, self.logger,
-                       self._loop_config(), position, self._save)
+                       self._loop_config(), position,
+                       loop.Checkpoints(self.checkpoint_path, self._save, self._restore))
             if not args.benchmark:
                 self._export()
             return
