@@ -19,8 +19,8 @@ from absl import app, flags
 import export
 from core.cli import exit_process, run_cli
 from core.dllog import DLLogger
-from core.feature_spec import (TEST_MAPPING, TRAIN_MAPPING, DynamicSpec, FeatureSpec,
-                               FeatureSpecError)
+from core.feature_spec import (TEST_MAPPING, TRAIN_MAPPING, VALIDATION_MAPPING, DynamicSpec,
+                               FeatureSpec, FeatureSpecError)
 from core.parallel.comm import make_communicator
 from core.parallel.placement import SHARDING_KINDS, make_plan
 from core.pipelines import reader_errors_surfaced
@@ -261,11 +261,12 @@ def build(comm, spec):
     return plan, trainer
 
 
-def pipeline(spec, plan, comm, training: bool):
+def pipeline(spec, plan, comm, mapping: str):
+    training = mapping == TRAIN_MAPPING
     batch = FLAGS.batch_size if training else FLAGS.valid_batch_size
     batches = (FLAGS.synthetic_dataset_train_batches if training
                else FLAGS.synthetic_dataset_valid_batches)
-    source = make_source(spec, plan, comm.rank, TRAIN_MAPPING if training else TEST_MAPPING,
+    source = make_source(spec, plan, comm.rank, mapping,
                          batch, training, FLAGS.dataset_type, batches, FLAGS.seed,
                          FLAGS.synthetic_dataset_signal_strength,
                          FLAGS.synthetic_dataset_power_law_alpha, FLAGS.shuffle_batch_order)
@@ -293,11 +294,16 @@ def run_mode(trainer, spec, plan, comm, logger, position) -> None:
                            FLAGS.saved_model_output_path)
         logger.print(f"SavedModel written to {FLAGS.saved_model_output_path}")
         return
-    eval_pipe = pipeline(spec, plan, comm, False)
+    eval_pipe = pipeline(spec, plan, comm, TEST_MAPPING)
     if FLAGS.mode == "train":
-        loop.train(trainer, pipeline(spec, plan, comm, True),
-                   lambda: loop.evaluate(trainer, eval_pipe.epoch()), logger, loop_config(),
-                   position, checkpoints(trainer))
+        # with a validation split, selection reads it and the test data is held out
+        selection_pipe, test = eval_pipe, None
+        if FLAGS.dataset_type != "synthetic" and VALIDATION_MAPPING in spec.mappings:
+            selection_pipe = pipeline(spec, plan, comm, VALIDATION_MAPPING)
+            test = lambda: loop.evaluate(trainer, eval_pipe.epoch())  # noqa: E731
+        loop.train(trainer, pipeline(spec, plan, comm, TRAIN_MAPPING),
+                   lambda: loop.evaluate(trainer, selection_pipe.epoch()), logger,
+                   loop_config(), position, checkpoints(trainer), test)
         return
     if FLAGS.mode == "eval":
         loop.log_result(logger, "eval", loop.evaluate(trainer, eval_pipe.epoch()))

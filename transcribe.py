@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Write a split-binary dataset (train and test mappings) from a batch source.
+"""Write a split-binary dataset (train and test mappings, optionally validation) from a
+batch source.
 
 Quick start, synthetic data shaped like the spec in DIR (cardinalities and numerical count):
     python generate_feature_spec.py --variant criteo_t15_synthetic --dst DIR/feature_spec.yaml
@@ -9,7 +10,8 @@ Quick start, synthetic data shaped like the spec in DIR (cardinalities and numer
 
 Synthetic batches come from datasets.SyntheticSource: batch i is a pure function of
 (--seed, i). Train uses batches 0..N-1 and test uses batches N..N+M-1, so the two never share
-rows. Categorical ids follow id = floor(cardinality * u ** alpha) with u ~ U(0, 1)
+rows; --max_batches_validation V adds a validation mapping of batches N+M..N+M+V-1 (training
+then selects its best epoch on it and reports the test data held out). Categorical ids follow id = floor(cardinality * u ** alpha) with u ~ U(0, 1)
 (--power_law_alpha 1 is uniform; larger values favour small ids). With --signal_strength s
 the label is Bernoulli(sigmoid(s * z - 1)) for the planted score
     z = (num_0 + num_1) / sqrt(2) + (h(cat_0) + h(cat_1)) / sqrt(2),
@@ -35,7 +37,8 @@ from dlrm_contract import DLRM_CONTRACT
 from core.feature_spec import (CATEGORICAL_CHANNEL, CATEGORICAL_DTYPES, DEFAULT_FILENAME,
                                FeatureSpec, FeatureSpecError, LABEL_CHANNEL, LABEL_DTYPES,
                                NUMERICAL_CHANNEL, NUMERICAL_DTYPES, REQUIRED_MAPPINGS, TEST_MAPPING,
-                               TRAIN_MAPPING, allowed_dtype, narrowest_int_dtype, read_spec_yaml)
+                               TRAIN_MAPPING, VALIDATION_MAPPING, allowed_dtype,
+                               narrowest_int_dtype, read_spec_yaml)
 
 SPLIT_BINARY_TYPES = ("tf_raw", "split_binary")
 
@@ -58,6 +61,9 @@ def parse_args(argv=None):
                    help="train batches to write (synthetic: required, > 0; copy: -1 = all)")
     p.add_argument("--max_batches_test", type=int, default=-1,
                    help="test batches to write (synthetic: required, > 0; copy: -1 = all)")
+    p.add_argument("--max_batches_validation", type=int, default=0,
+                   help="synthetic: validation batches to write besides train and test "
+                        "(default 0: no validation split; training then selects on test)")
     p.add_argument("--src_batch_size", type=int, default=65536,
                    help="rows per source batch (default 65536)")
     p.add_argument("--seed", type=int, default=0, help="synthetic data seed (default 0)")
@@ -75,7 +81,7 @@ def parse_args(argv=None):
     return p.parse_args(argv)
 
 
-def spec_shape(path: str) -> FeatureSpec:
+def spec_shape(path: str, mappings=REQUIRED_MAPPINGS) -> FeatureSpec:
     """The default-layout spec with the shape of the yaml at `path`.
 
     Only channel_spec and feature_spec are read, so a spec without a usable source_spec (as
@@ -107,7 +113,7 @@ def spec_shape(path: str) -> FeatureSpec:
         else "float16"
     label_dtype = (allowed_dtype((fs.get(labels[0]) or {}).get("dtype"), LABEL_DTYPES)
                    or "bool")
-    return FeatureSpec.get_default(len(numerical), cards, mappings=REQUIRED_MAPPINGS,
+    return FeatureSpec.get_default(len(numerical), cards, mappings=mappings,
                                    numerical_dtype=num_dtype, label_dtype=label_dtype,
                                    categorical_dtypes=cat_dtypes, numerical_names=numerical,
                                    categorical_names=categorical,
@@ -149,13 +155,22 @@ def transcribe(args) -> FeatureSpec:
         if args.signal_strength < 0:
             raise FeatureSpecError(f"--signal_strength must be >= 0, found "
                                    f"{args.signal_strength}")
-        spec = spec_shape(src_spec_path)
+        if args.max_batches_validation < 0:
+            raise FeatureSpecError(f"--max_batches_validation must be >= 0, found "
+                                   f"{args.max_batches_validation}")
         n_train, n_test = args.max_batches_train, args.max_batches_test
-        source = SyntheticSource(spec, args.src_batch_size, n_train + n_test, seed=args.seed,
-                                 power_law_alpha=args.power_law_alpha,
+        n_val = args.max_batches_validation
+        spec = spec_shape(src_spec_path, REQUIRED_MAPPINGS + ((VALIDATION_MAPPING,) if n_val
+                                                              else ()))
+        source = SyntheticSource(spec, args.src_batch_size, n_train + n_test + n_val,
+                                 seed=args.seed, power_law_alpha=args.power_law_alpha,
                                  signal_strength=args.signal_strength)
+        # validation after test: the train and test batches of a seed stay what they were
         plan = {TRAIN_MAPPING: (source, range(n_train)),
                 TEST_MAPPING: (source, range(n_train, n_train + n_test))}
+        if n_val:
+            plan[VALIDATION_MAPPING] = (source, range(n_train + n_test,
+                                                      n_train + n_test + n_val))
         spec.metadata.update(source="synthetic", seed=args.seed,
                              signal_strength=args.signal_strength,
                              power_law_alpha=args.power_law_alpha,

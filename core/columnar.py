@@ -430,8 +430,10 @@ class ColumnarWriter(StagedWriter):
     metadata.rows and returns the spec."""
 
     def __init__(self, output_dir: str, spec: FeatureSpec, output_format: str,
-                 overwrite: bool = False, ids_from_one: bool = False, prebatch=None):
-        """ids_from_one: ids lie in [0, cardinality], 0 the padding (NVIDIA's SIM
+                 overwrite: bool = False, ids_from_one: bool = False, prebatch=None,
+                 mappings=None):
+        """mappings: the mappings to write (default: the spec's, else train and test).
+        ids_from_one: ids lie in [0, cardinality], 0 the padding (NVIDIA's SIM
         convention), instead of [0, cardinality). prebatch: {mapping: P} writes P rows per
         TFRecord record and the last rows (fewer than P) to <mapping>/remainder.tfrecord,
         as NVIDIA's SIM preprocessing does; recorded in metadata.prebatch_size."""
@@ -444,7 +446,8 @@ class ColumnarWriter(StagedWriter):
         self.format, self.spec, self.ids_from_one = output_format, spec.copy(), ids_from_one
         self.features = [f for names in self.spec.channel_spec.values() for f in names or []]
         self._output = StagedDirectory(output_dir, overwrite)
-        self.files = {m: [] for m in self.spec.source_spec or (TRAIN_MAPPING, TEST_MAPPING)}
+        self.files = {m: [] for m in mappings or self.spec.source_spec
+                      or (TRAIN_MAPPING, TEST_MAPPING)}
         self.rows = {m: 0 for m in self.files}
         self._carry = {m: None for m in self.prebatch}  # rows short of a whole record
         self._done = False
@@ -579,7 +582,8 @@ def write_columns(output_dir: str, spec: FeatureSpec, mappings: dict, output_for
                   **options) -> FeatureSpec:
     """Write {mapping: columns} in one go, rows_per_file rows per file part; options:
     ColumnarWriter's ids_from_one and prebatch."""
-    writer = ColumnarWriter(output_dir, spec, output_format, overwrite, **options)
+    writer = ColumnarWriter(output_dir, spec, output_format, overwrite, mappings=list(mappings),
+                            **options)
     with writer:
         for mapping, columns in mappings.items():
             rows = writer._check(columns)[0]

@@ -20,7 +20,7 @@ from absl import app, flags
 from core import plot_log
 from core.cli import exit_process, run_cli
 from core.dllog import DLLogger
-from core.feature_spec import DynamicSpec
+from core.feature_spec import VALIDATION_MAPPING, DynamicSpec
 from core.parallel.comm import make_communicator
 from core.parallel.placement import (ROUTED_REPLICATED_ELEMENTS, SHARDING_KINDS,
                                      describe_routed_tables, plan_routed_tables)
@@ -197,21 +197,22 @@ def _ints(values):
 
 
 def pipelines(spec, comm):
-    """Training batches, and the test batches (cached unless --disable_cache), as the SIM
-    trainer takes them."""
-
+    """Training batches, and a function giving the batches of an evaluation mapping (each
+    cached unless --disable_cache), as the SIM trainer takes them."""
     train = open_mapping(spec, "train", F.global_batch_size, comm, F.drop_remainder,
                          F.prebatch_train_size)
-    test = open_mapping(spec, "test", F.global_batch_size, comm,
-                        prebatch=F.prebatch_test_size)
     labels, parallel = (spec.label_feature,), F.num_parallel_calls or tf.data.AUTOTUNE
-    test = DictPipeline(test, labels, F.prefetch_test_size, parallel).epoch()
-    if not F.disable_cache:
-        test = test.cache()
     train = DictPipeline(train, labels, F.prefetch_train_size, parallel)
+
+    def evaluation(mapping: str):
+        batches = DictPipeline(open_mapping(spec, mapping, F.global_batch_size, comm,
+                                            prebatch=F.prebatch_test_size),
+                               labels, F.prefetch_test_size, parallel).epoch()
+        if not F.disable_cache:
+            batches = batches.cache()
+        return lambda: (step_batch(spec, batch) for batch in batches)
     return (MappedPipeline(train, lambda batch: step_batch(spec, batch),
-                           cache=not F.disable_cache),
-            lambda: (step_batch(spec, batch) for batch in test))
+                           cache=not F.disable_cache), evaluation)
 
 
 def loop_config():
@@ -242,7 +243,8 @@ def run(spec, comm, logger):
     position = {"epoch": 0, "step": 0}
     if F.load_checkpoint_path:
         position = restore(trainer, F.load_checkpoint_path, comm)
-    train, test = pipelines(spec, comm)
+    train, evaluation = pipelines(spec, comm)
+    test = evaluation("test")
     if F.mode == "inference":
         loop.log_result(logger, "inference", loop.benchmark_inference(
             trainer, test(), F.benchmark_steps, F.benchmark_warmup_steps))
@@ -251,9 +253,16 @@ def run(spec, comm, logger):
         checkpoint.save_replica(path, trainer.named_state(), comm, position,
                                 trainer.model.config.checkpoint_shape(), trainer.optimizer,
                                 trainer.dynamic_tables(), trainer.row_ranges())
-    loop.train(trainer, train, lambda: loop.evaluate(trainer, test()), logger, loop_config(),
-               position, loop.Checkpoints(F.save_checkpoint_path, save,
-                                          lambda path: restore(trainer, path, comm)))
+    # with a validation split, model selection reads it and the test data is held out
+    selection, held_out_test = test, None
+    if VALIDATION_MAPPING in spec.mappings:
+        selection = evaluation(VALIDATION_MAPPING)
+        held_out_test = lambda: loop.evaluate(trainer, test())  # noqa: E731
+    loop.train(trainer, train, lambda: loop.evaluate(trainer, selection()), logger,
+               loop_config(), position,
+               loop.Checkpoints(F.save_checkpoint_path, save,
+                                lambda path: restore(trainer, path, comm)),
+               held_out_test)
     model = whole_model(trainer, comm) if F.export_path else None
     if model is not None:
         export_saved_model(model, *export.serving(model, spec), F.export_path, "sim_serving")

@@ -20,8 +20,8 @@ target's category is p_u and 0.1 otherwise, so a model must find p_u in the hist
 A model limited to the recent behaviours (DIEN) can learn `short` but not `long`; DIN and
 SIM read the older behaviours too. Ids follow NVIDIA's convention (1..cardinality, histories
 left-padded with 0, see sim.schema).
-Test users are disjoint from training users (the last fifth), so no user-id embedding
-can memorise p_u: the signal can only come from the history. Negative histories are uniform
+Test users are disjoint from training users (the last fifth; --validation_users V takes the
+V users before them for a validation mapping), so no user-id embedding can memorise p_u: the signal can only come from the history. Negative histories are uniform
 random items (for DIEN's auxiliary loss).
 """
 from __future__ import annotations
@@ -48,8 +48,9 @@ def _items_of(categories, num_items, num_categories, rng):
 
 
 def generate(users: int, items: int, categories: int, history_length: int, signal: str,
-             seed: int) -> dict:
-    """{'train': columns, 'test': columns} (see sim.contract.columns)."""
+             seed: int, validation_users: int = 0) -> dict:
+    """{'train': columns, 'test': columns} (see sim.contract.columns), and 'validation': the
+    last `validation_users` users before the test users (taken from training's)."""
     if signal not in SIGNALS:
         raise ValueError(f"--signal must be one of {SIGNALS}, found '{signal}'")
     short = history_length - LONG_SEQ_LENGTH
@@ -81,9 +82,15 @@ def generate(users: int, items: int, categories: int, history_length: int, signa
                           (neg_item + 1, lengths), (neg_item % categories + 1, lengths), label,
                           history_length)
     test_start = users - users // 5
+    validation_start = test_start - validation_users
+    if not 0 <= validation_users < test_start:
+        raise ValueError(f"--validation_users must be in 0..{test_start - 1} (the training "
+                         f"users it is taken from), found {validation_users}")
+    splits = {"train": slice(0, validation_start), "test": slice(test_start, users)}
+    if validation_users:
+        splits["validation"] = slice(validation_start, test_start)
     return {mapping: {name: _rows(col, rows) for name, col in cols.items()}
-            for mapping, rows in (("train", slice(0, test_start)),
-                                  ("test", slice(test_start, users)))}
+            for mapping, rows in splits.items()}
 
 
 def _rows(column, rows):
@@ -93,10 +100,10 @@ def _rows(column, rows):
 
 
 def write(dst: str, users=4000, items=1000, categories=20, history_length=100, signal="long",
-          seed=0, overwrite=False, prebatch=None):
+          seed=0, overwrite=False, prebatch=None, validation_users=0):
     """prebatch: {mapping: rows per record} (NVIDIA's prebatched layout) or None."""
     from core.columnar import write_columns
-    data = generate(users, items, categories, history_length, signal, seed)
+    data = generate(users, items, categories, history_length, signal, seed, validation_users)
     spec = contract.sim_spec(users, items, categories, history_length,
                            {"generator": "sim.synthetic", "signal": signal, "seed": seed})
     return write_columns(dst, spec, data, "tfrecord", overwrite=overwrite, ids_from_one=True,
@@ -138,6 +145,9 @@ def main(argv=None):
     p.add_argument("--history_length", type=int, default=100)
     p.add_argument("--signal", choices=SIGNALS, default="long")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--validation_users", type=int, default=0,
+                   help="users (rows) of a validation mapping, taken from the training users "
+                        "(0: none; training then selects on test)")
     p.add_argument("--prebatch_train_size", type=int, default=0,
                    help="rows per TFRecord record of train (0: one row per record)")
     p.add_argument("--prebatch_test_size", type=int, default=0, help="the same for test")
@@ -152,8 +162,9 @@ def main(argv=None):
                                      a.signal, a.seed)
             return f"wrote {a.dst}: {rows} rows (BYO parquet), signal {a.signal}"
         spec = write(a.dst, a.users, a.items, a.categories, a.history_length, a.signal, a.seed,
-                     a.overwrite, {"train": a.prebatch_train_size,
-                                   "test": a.prebatch_test_size})
+                     a.overwrite, {"train": a.prebatch_train_size, "test": a.prebatch_test_size,
+                                   **({"validation": a.prebatch_test_size}
+                                      if a.validation_users else {})}, a.validation_users)
         return f"wrote {a.dst}: {spec.metadata.get('rows')} rows, signal {a.signal}"
     return run_cli(work)
 

@@ -63,15 +63,21 @@ def assert_peaked_first_and_stopped(log: str, patience: int, metric: str = "auc"
 
 
 # ---------------------------------------------------------------------------------- DLRM
-def dlrm_data(root) -> str:
+def dlrm_data(root, validation: bool = False) -> str:
+    """Training on the planted signal; test reversed, or (validation) a validation split
+    reversed and test as training."""
     from core.feature_spec import FeatureSpec
     from datasets import SplitBinaryWriter, SyntheticSource
-    spec = FeatureSpec.get_default(5, [200, 500, 50, 1000])
+    mappings = ("train", "test", "validation") if validation else ("train", "test")
+    spec = FeatureSpec.get_default(5, [200, 500, 50, 1000], mappings=mappings)
     with SplitBinaryWriter(str(root), spec) as writer:
         for batch in SyntheticSource(spec, 250, 16, seed=1, signal_strength=3):
             writer.write("train", *batch)
         for batch in SyntheticSource(spec, 500, 2, seed=2, signal_strength=-3):
-            writer.write("test", *batch)
+            writer.write("validation" if validation else "test", *batch)
+        if validation:
+            for batch in SyntheticSource(spec, 500, 2, seed=3, signal_strength=3):
+                writer.write("test", *batch)
     return str(root)
 
 
@@ -117,6 +123,24 @@ def test_dlrm_keeps_the_best_epoch_stops_and_resumes_exactly(tmp_path):
     retrained = {s: f["auc"] for _, s, f in evaluations(str(tmp_path / "second.json"))}
     assert retrained == pytest.approx({s: f["auc"] for _, s, f in evaluations(log) if s > 16},
                                       abs=1e-6)
+
+
+def test_dlrm_selects_on_the_validation_split_and_reports_the_held_out_test(tmp_path):
+    """Validation falls from the first evaluation while test (the training signal) rises:
+    selection must read validation (kept epoch 0), and the final record reports the test
+    data at that state, as --mode eval of the kept checkpoint computes it."""
+    from test_training import run_main
+    data, ckpt = dlrm_data(tmp_path / "data", validation=True), str(tmp_path / "ckpt")
+    log = str(tmp_path / "train.json")
+    run_main(*dlrm_args(data, "--keep_best", "--early_stopping_patience", "1",
+                        "--save_checkpoint_path", ckpt, "--log_path", log))
+    final = assert_peaked_first_and_stopped(log, patience=1)
+    eval_log = str(tmp_path / "eval.json")
+    run_main(*dlrm_args(data, "--mode", "eval", "--restore_checkpoint_path", ckpt,
+                        "--log_path", eval_log))
+    tested = final_record(eval_log)
+    assert final["test_auc"] == pytest.approx(tested["auc"], abs=1e-9) and tested["auc"] > 0.7
+    assert final["test_samples"] == tested["eval_samples"] == 1000
 
 
 def dlrm_served(data: str, exported: str):
@@ -264,3 +288,37 @@ def test_under_two_processes_every_rank_stops_at_the_one_process_step(tmp_path):
     assert two_final["stopped_early"] == 1
     for key in ("step", "kept_step", "kept_epoch"):
         assert two_final[key] == one_final[key]
+
+
+# ------------------------------------------------------- the generators' validation splits
+def test_wide_and_deep_synthetic_validation_rows_follow_the_test_displays(tmp_path):
+    import pandas as pd
+    from test_wd_training import make_dataset
+    from wide_and_deep import synthetic
+    plain = make_dataset(str(tmp_path), "plain", 2.0)
+    spec = os.path.join(str(tmp_path), "spec.yaml")
+    with_val = str(tmp_path / "val")
+    assert synthetic.main(["--feature_spec", spec, "--dst", with_val, "--train_rows", "3000",
+                           "--test_rows", "1000", "--validation_rows", "500"]) == 0
+    for mapping in ("train", "test"):  # unchanged by the validation split
+        pd.testing.assert_frame_equal(pd.read_parquet(os.path.join(plain, mapping)),
+                                      pd.read_parquet(os.path.join(with_val, mapping)))
+    test = pd.read_parquet(os.path.join(with_val, "test"))
+    validation = pd.read_parquet(os.path.join(with_val, "validation"))
+    assert len(validation) == 500
+    assert validation["display_id"].min() > test["display_id"].max()
+    assert (validation.groupby("display_id")["clicked"].sum() == 1).all()
+
+
+def test_sim_synthetic_validation_users_come_from_the_training_users():
+    from sim import contract
+    from sim.synthetic import generate
+    plain = generate(500, 200, 8, 100, "long", seed=5)
+    split = generate(500, 200, 8, 100, "long", seed=5, validation_users=100)
+    users = {m: set(np.asarray(cols[contract.USER]).tolist()) for m, cols in split.items()}
+    assert users["test"] == set(np.asarray(plain["test"][contract.USER]).tolist())
+    assert users["train"] | users["validation"] == \
+        set(np.asarray(plain["train"][contract.USER]).tolist())
+    assert len(users["validation"]) == 100 and not users["validation"] & users["train"]
+    with pytest.raises(ValueError, match="--validation_users must be in 0..399"):
+        generate(500, 200, 8, 100, "long", seed=5, validation_users=400)

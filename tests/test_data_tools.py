@@ -115,6 +115,22 @@ def test_transcribe_synthetic(tmp_path, capsys):
     assert not np.array_equal(train.get(0)[0], test.get(0)[0])
 
 
+def test_transcribe_adds_a_validation_split_after_the_test_batches(tmp_path):
+    """--max_batches_validation 2: batches 5..6 of the source; train and test unchanged."""
+    src = _spec_dir(tmp_path)
+    assert _transcribe(src, tmp_path / "plain", "--seed", "5") == 0
+    assert _transcribe(src, tmp_path / "val", "--seed", "5", "--max_batches_validation", "2") == 0
+    assert _file_bytes(tmp_path / "plain") == _file_bytes(tmp_path / "val")  # train and test
+    spec = load_spec(str(tmp_path / "val"), DLRM_CONTRACT)
+    assert spec.mappings == ["train", "test", "validation"]
+    source = SyntheticSource(spec, 128, 7, seed=5)
+    validation = SplitBinaryReader(spec, "validation", 128)
+    assert len(validation) == 2
+    for i in range(2):
+        n, cat, label = validation.get(i)
+        assert np.array_equal(n, source.get(5 + i)[0]) and np.array_equal(label, source.get(5 + i)[2])
+
+
 def test_transcribe_is_deterministic_and_refuses_non_empty(tmp_path, capsys):
     src = _spec_dir(tmp_path)
     assert _transcribe(src, tmp_path / "a", "--seed", "1") == 0

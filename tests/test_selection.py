@@ -220,3 +220,20 @@ def test_the_kept_state_is_restored_from_where_it_was_saved():
                           position, store.checkpoints("elsewhere/ckpt"))
     assert store.trainer.trained == 8 and final["kept_step"] == 8
     assert store.saved["elsewhere/ckpt"][0] == 8
+
+
+def test_held_out_test_data_is_evaluated_once_at_the_kept_state():
+    """With a validation split the loop selects on validation only; the test evaluator runs
+    once, after training, on the kept state, and its figures land in the final record."""
+    store, calls = Store(CountingTrainer()), []
+
+    def test():
+        calls.append(store.trainer.trained)
+        return {"auc": store.trainer.trained / 100, "validation_loss": 0.3, "eval_samples": 7}
+    final, _ = loop.train(store.trainer, Data(), auc_of(CURVE)(store.trainer), Logger(),
+                          loop.LoopConfig(epochs=6, batch_size=10, keep_best=True,
+                                          early_stopping_patience=2),
+                          {"step": 0, "epoch": 0}, store.checkpoints(), test)
+    assert calls == [8]  # the state kept after epoch 1, not the last one (16)
+    assert final["test_auc"] == 0.08 and final["test_loss"] == 0.3 and final["test_samples"] == 7
+    assert final["auc"] == 0.80  # the validation figure that chose it

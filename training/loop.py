@@ -10,8 +10,9 @@ flags. Every family logs the same metric names (the seed's, DLRM's):
   selection      best_epoch, best_step and the selection metric's best value (best_<metric>)
                  after each evaluation (training/selection.py)
   final          the kept evaluation (with keep_best; else the last), kept_epoch, kept_step,
-                 step, training_seconds, throughput, mean_step_time_ms, timed_steps,
-                 timed_samples
+                 test_auc, test_loss, test_samples, test_map12 (the held-out test data at
+                 that state, when the data has a validation split to select on), step,
+                 training_seconds, throughput, mean_step_time_ms, timed_steps, timed_samples
   inference      mean_inference_throughput, mean_inference_latency, p90/p95/p99_inference_latency
 """
 from __future__ import annotations
@@ -105,6 +106,11 @@ def _concat(arrays):
     return np.concatenate(arrays) if arrays else np.zeros(0)
 
 
+# an evaluation's keys -> the held-out test's (the final record holds both)
+TEST_KEYS = {"auc": "test_auc", "validation_loss": "test_loss", "eval_samples": "test_samples",
+             "map12": "test_map12"}
+
+
 def metrics_text(metrics: dict) -> str:
     return "  ".join(f"{k} {metrics[k]:.6f}" for k in
                      ("train_loss", "auc", "validation_loss", "map12") if k in metrics)
@@ -178,8 +184,8 @@ class _Run:
     """One call of train(): the position, the counters and what happens between steps."""
 
     def __init__(self, trainer, data, evaluator, logger, config: LoopConfig, position,
-                 checkpoints: Optional[Checkpoints]):
-        self.trainer, self.data, self.evaluator = trainer, data, evaluator
+                 checkpoints: Optional[Checkpoints], test: Optional[Callable[[], dict]]):
+        self.trainer, self.data, self.evaluator, self.test = trainer, data, evaluator, test
         self.stop = StopOnSignal(trainer.comm.rank)
         self.logger, self.config, self.checkpoints = logger, config, checkpoints
         if config.keep_best and not (checkpoints and checkpoints.path):
@@ -319,7 +325,7 @@ class _Run:
         if not self.benchmark and config.keep_best:
             self._restore_best()
         final = dict(self.metrics, step=trained_steps, training_seconds=elapsed,
-                     **self.timer.summary(), **self._kept_fields())
+                     **self.timer.summary(), **self._kept_fields(), **self._held_out_test())
         self.logger.log((), final)
         self.logger.print(f"done: step {trained_steps}, {self._final_text(final)}, "
                           f"{elapsed:.1f} s{_throughput_text(final, config)}")
@@ -343,6 +349,19 @@ class _Run:
             self.last_saved_step = None
             self.logger.print(f"kept the best evaluation's state: {best.text()}")
         self.metrics = dict(best.best_figures)
+
+    def _held_out_test(self) -> dict:
+        """The test data's figures at the final (kept) state, when selection read a separate
+        validation split: the figures to report, never looked at while choosing."""
+        if self.test is None or self.benchmark:
+            return {}
+        with self.trainer.comm.waiting("the held-out test (gather and broadcast)", self.step):
+            figures = self.test()
+        held_out = {TEST_KEYS[k]: v for k, v in figures.items() if k in TEST_KEYS}
+        self.logger.print(f"held-out test at the final state (step {self.step}): " + "  ".join(
+            f"{k} {held_out[k]:.6f}" for k in ("test_auc", "test_loss", "test_map12")
+            if k in held_out))
+        return held_out
 
     def _kept_fields(self) -> dict:
         best = self.selection
@@ -372,11 +391,14 @@ def _throughput_text(final: dict, config: LoopConfig) -> str:
 
 
 def train(trainer, data, evaluator, logger, config: LoopConfig, position: dict,
-          checkpoints: Optional[Checkpoints] = None) -> tuple:
+          checkpoints: Optional[Checkpoints] = None,
+          test: Optional[Callable[[], dict]] = None) -> tuple:
     """Train from `position` ({'step', 'epoch'[, 'batch_in_epoch', 'selection']}) to the end
-    of the config's epochs or steps, or an early stop; evaluator() -> metrics dict. Returns
-    the final record and the position after it (the kept state's, with keep_best)."""
-    run = _Run(trainer, data, evaluator, logger, config, position, checkpoints)
+    of the config's epochs or steps, or an early stop; evaluator() -> metrics dict of the
+    data model selection reads; test() -> the same of held-out test data, evaluated once at
+    the final state (None: none). Returns the final record and the position after it (the
+    kept state's, with keep_best)."""
+    run = _Run(trainer, data, evaluator, logger, config, position, checkpoints, test)
     return run.run(), run.position()
 
 

@@ -6,7 +6,7 @@ import os
 
 from core import plot_log
 from core.dllog import DLLogger
-from core.feature_spec import DynamicSpec
+from core.feature_spec import VALIDATION_MAPPING, DynamicSpec
 from core.optimizers import LearningRateSchedule
 from core.parallel.comm import make_communicator
 from core.parallel.placement import describe_routed_tables, plan_routed_tables
@@ -43,6 +43,9 @@ class Run:
                               f"empty (pass --disable_map_calculation to silence this)")
         self.train_pipe = self._pipe("train", args.global_batch_size, shuffle=True)
         self.eval_pipe = self._pipe("test", args.eval_batch_size, shuffle=False)
+        # with a validation split, model selection reads it and the test data is held out
+        self.selection_pipe = (self._pipe(VALIDATION_MAPPING, args.eval_batch_size, False)
+                               if VALIDATION_MAPPING in self.spec.mappings else self.eval_pipe)
         self.config = WideDeepConfig.from_spec(
             self.spec, embedding_dims(self.spec, args.embedding_sizes_file),
             hidden_units=tuple(args.deep_hidden_units), dropout=args.deep_dropout,
@@ -68,7 +71,7 @@ class Run:
     def _pipe(self, mapping: str, batch_size: int, shuffle: bool) -> DictPipeline:
         features = [f for c in (ONEHOT_CHANNEL, MULTIHOT_CHANNEL, "numerical", "label")
                     for f in self.spec.channel(c)]
-        if mapping == "test" and self.display:
+        if mapping != "train" and self.display:
             features.append(self.display)
         reader = open_reader(self.spec, mapping, batch_size, rank=self.comm.rank,
                              world_size=self.comm.size,
@@ -78,9 +81,9 @@ class Run:
                              f"'{mapping}' mapping has no rows")
         return DictPipeline(reader, label_features=(self.label,))
 
-    def _evaluate(self) -> dict:
+    def _evaluate(self, pipe: DictPipeline) -> dict:
         groups = (lambda batch: batch[self.display]) if self.display else None
-        return loop.evaluate(self.trainer, self.eval_pipe.epoch(), groups)
+        return loop.evaluate(self.trainer, pipe.epoch(), groups)
 
     def _save(self, path: str, position: dict) -> None:
         checkpoint.save_replica(path, self.trainer.named_state(), self.comm, position,
@@ -115,9 +118,12 @@ class Run:
                                     os.path.exists(self.checkpoint_path)):
             position = self._restore(self.checkpoint_path)
         if not args.evaluate:
-            loop.train(self.trainer, self.train_pipe, self._evaluate, self.logger,
+            held_out = self.selection_pipe is not self.eval_pipe
+            loop.train(self.trainer, self.train_pipe,
+                       lambda: self._evaluate(self.selection_pipe), self.logger,
                        self._loop_config(), position,
-                       loop.Checkpoints(self.checkpoint_path, self._save, self._restore))
+                       loop.Checkpoints(self.checkpoint_path, self._save, self._restore),
+                       (lambda: self._evaluate(self.eval_pipe)) if held_out else None)
             if not args.benchmark:
                 self._export()
             return
@@ -126,7 +132,7 @@ class Run:
                 self.trainer, self.eval_pipe.epoch(), args.benchmark_steps,
                 args.benchmark_warmup_steps))
         else:
-            loop.log_result(self.logger, "eval", self._evaluate())
+            loop.log_result(self.logger, "eval", self._evaluate(self.eval_pipe))
 
     def _whole_model(self):
         """The model with every table whole, on rank 0 (None elsewhere): this model, or, when

@@ -12,7 +12,7 @@ strength 0 makes clicks independent of the features and strength 2 lets a model 
 click well above random (make demo-wd: MAP@12 ~0.72 against ~0.42 for a random order).
 
   python -m wide_and_deep.synthetic --feature_spec F --dst DIR --train_rows N --test_rows M \
-      [--signal_strength 2] [--seed 0]
+      [--validation_rows V] [--signal_strength 2] [--seed 0]
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ import numpy as np
 
 from core.cli import run_cli
 from core.columnar import write_columns
-from core.feature_spec import FeatureSpec
+from core.feature_spec import VALIDATION_MAPPING, FeatureSpec
 from wide_and_deep.contract import (DISPLAY_ID, MAP_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL,
                                     REQUEST_FEATURES_KEY, WIDE_DEEP_CONTRACT)
 
@@ -105,17 +105,23 @@ def with_map_channel(spec: FeatureSpec) -> FeatureSpec:
 
 
 def write_dataset(spec: FeatureSpec, dst: str, train_rows: int, test_rows: int,
-                  strength: float = 2.0, seed: int = 0, overwrite: bool = False) -> FeatureSpec:
+                  strength: float = 2.0, seed: int = 0, overwrite: bool = False,
+                  validation_rows: int = 0) -> FeatureSpec:
+    """Train, test and (validation_rows > 0) validation displays, drawn in that order (so
+    train and test of a seed do not depend on validation_rows)."""
     WIDE_DEEP_CONTRACT.check_channels(spec)
     spec = with_map_channel(spec)
     rng = np.random.default_rng(seed)
     train = generate(spec, train_rows, 0, strength, rng)
     test = generate(spec, test_rows, int(train[DISPLAY_ID][-1]) + 1, strength, rng)
+    mappings = {"train": train, "test": test}
+    if validation_rows:
+        mappings[VALIDATION_MAPPING] = generate(spec, validation_rows,
+                                                int(test[DISPLAY_ID][-1]) + 1, strength, rng)
     display = spec.channel(MAP_CHANNEL)[0]
-    for cols in (train, test):  # the writer wants every feature in every mapping
+    for cols in mappings.values():  # the writer wants every feature in every mapping
         cols[display] = cols.pop(DISPLAY_ID).astype(spec.dtype(display))
-    return write_columns(dst, spec, {"train": train, "test": test}, "parquet",
-                         overwrite=overwrite)
+    return write_columns(dst, spec, mappings, "parquet", overwrite=overwrite)
 
 
 def main(argv=None) -> int:
@@ -124,6 +130,9 @@ def main(argv=None) -> int:
     p.add_argument("--dst", required=True, help="output directory (parquet + feature_spec.yaml)")
     p.add_argument("--train_rows", type=int, required=True)
     p.add_argument("--test_rows", type=int, required=True)
+    p.add_argument("--validation_rows", type=int, default=0,
+                   help="rows of a validation mapping (0: none; training then selects on "
+                        "test)")
     p.add_argument("--signal_strength", type=float, default=2.0,
                    help="0: clicks independent of the features")
     p.add_argument("--seed", type=int, default=0)
@@ -133,7 +142,7 @@ def main(argv=None) -> int:
     def work():
         spec = write_dataset(FeatureSpec.from_yaml(args.feature_spec), args.dst,
                              args.train_rows, args.test_rows, args.signal_strength, args.seed,
-                             args.overwrite)
+                             args.overwrite, args.validation_rows)
         return f"wrote {args.dst}: {spec.metadata.get('rows')}"
     return run_cli(work)
 
