@@ -22,7 +22,7 @@ $PY -m sim.synthetic --dst "$OUT/data" --users $USERS --items 1000 --categories 
 # its best and reports the held-out test data there
 COMMON="--dataset_dir $OUT/data --cpu --global_batch_size 256 --epochs $EPOCHS --print_freq 20 --seed 0 --lr 0.0003
         --keep_best --early_stopping_patience 2"
-echo "== 2/5 train SIM (test AUC after every epoch), checkpoint and SavedModel"
+echo "== 2/5 train SIM (validation AUC after every epoch), checkpoint and SavedModel"
 $PY -m sim.main $COMMON --model_type sim --results_dir "$OUT/sim" \
     --save_checkpoint_path "$OUT/sim/checkpoint" --export_path "$OUT/sim/saved_model"
 
