@@ -36,9 +36,11 @@ def curves(records):
 
 
 def run_facts(records) -> tuple:
-    """(what the loss is, (step, label) of the evaluation to mark or None) from the run's
-    records without a step: its loss_name, and its final record's kept (else best) step."""
-    loss_name, marked = "binary cross-entropy", None
+    """(what the loss is, (step, label) of the evaluation to mark or None, {metric: the
+    held-out test's figure}) from the run's records without a step: its loss_name, and its
+    final record's kept (else best) step and test figures (when selection read a validation
+    split)."""
+    loss_name, marked, held_out = "binary cross-entropy", None, {}
     for r in records:
         if r["type"] != "LOG" or r["step"] != []:
             continue
@@ -48,7 +50,8 @@ def run_facts(records) -> tuple:
             marked = (data["kept_step"], f"kept: epoch {data['kept_epoch']}")
         elif "best_step" in data:
             marked = (data["best_step"], f"best: epoch {data['best_epoch']} (not kept)")
-    return loss_name, marked
+        held_out = {k: data[f"test_{k}"] for k in EVAL_PANELS if f"test_{k}" in data}
+    return loss_name, marked, held_out
 
 
 def plot(log_path: str, out_path: str) -> None:
@@ -58,7 +61,7 @@ def plot(log_path: str, out_path: str) -> None:
     import matplotlib.pyplot as plt
     records = read_log(log_path)
     loss, evals = curves(records)
-    loss_name, marked = run_facts(records)
+    loss_name, marked, held_out = run_facts(records)
     if not loss and not evals:
         raise ValueError(f"{log_path}: no loss, auc or map12 records to plot")
     panels = ["auc"] + [k for k in evals if k != "auc"]
@@ -71,10 +74,13 @@ def plot(log_path: str, out_path: str) -> None:
             ax.plot(*zip(*evals[key]), marker="o", color=color)
             at = dict(evals[key]).get(marked[0]) if marked else None
             if at is not None:
+                test = f" (held-out test {held_out[key]:.4f})" if key in held_out else ""
                 ax.plot([marked[0]], [at], marker="*", markersize=16, color="tab:red",
-                        linestyle="none", label=f"{marked[1]}: {at:.4f}")
+                        linestyle="none", label=f"{marked[1]}: {at:.4f}{test}")
                 ax.legend(loc="best")
         title, ylabel = EVAL_PANELS[key]
+        if held_out:
+            title = title.replace("evaluation", "validation")
         ax.set(title=title, xlabel="step", ylabel=ylabel)
     for ax in axes:
         ax.grid(alpha=0.3)

@@ -45,3 +45,34 @@ def test_log_without_curves_is_an_error(tmp_path):
     logger.close()
     with pytest.raises(ValueError, match="no loss"):
         plot_log.plot(str(log), str(tmp_path / "x.png"))
+
+
+def test_the_kept_point_is_marked_and_the_loss_named(tmp_path, monkeypatch):
+    """The final record's kept step becomes a marker on each metric panel (with the held-out
+    test figure when there is one), and the loss axis says what the run's loss is."""
+    log = tmp_path / "log.json"
+    logger = DLLogger(str(log), stdout=False)
+    logger.log((), {"loss_name": "total loss: BCE + auxiliary loss"})
+    logger.log((0, 10), {"loss": 2.0})
+    for epoch, step, auc in ((0, 10, 0.70), (1, 20, 0.80), (2, 30, 0.75)):
+        logger.log((epoch, step), {"auc": auc, "map12": auc - 0.1})
+    logger.log((), {"auc": 0.80, "kept_epoch": 1, "kept_step": 20, "best_epoch": 1,
+                    "best_step": 20, "test_auc": 0.79, "test_map12": 0.68})
+    logger.close()
+    records = plot_log.read_log(str(log))
+    assert plot_log.run_facts(records) == ("total loss: BCE + auxiliary loss",
+                                           (20, "kept: epoch 1"),
+                                           {"auc": 0.79, "map12": 0.68})
+    import matplotlib.pyplot as plt
+    figures = []
+    real = plt.subplots
+    monkeypatch.setattr(plt, "subplots", lambda *a, **k: figures.append(real(*a, **k)) or
+                        figures[-1])
+    monkeypatch.setattr(plt, "close", lambda fig: None)
+    plot_log.plot(str(log), str(tmp_path / "curves.png"))
+    axes = figures[0][1]
+    assert axes[0].get_ylabel() == "total loss: BCE + auxiliary loss"
+    assert axes[1].get_title() == "validation AUC"
+    legends = [ax.get_legend().get_texts()[0].get_text() for ax in axes[1:]]
+    assert legends == ["kept: epoch 1: 0.8000 (held-out test 0.7900)",
+                       "kept: epoch 1: 0.7000 (held-out test 0.6800)"]
