@@ -233,18 +233,19 @@ class _Run:
         was_stopped = self.selection.stopped_early
         improved = select and self.selection.update(metrics, self.epoch, self.step)
         self.logger.print(f"eval at step {self.step} (epoch {self.epoch}): "
-                          f"{metrics_text(metrics)}{self._selection_text(improved)}")
+                          f"{metrics_text(metrics)}{self._selection_text(select, improved)}")
         if improved and self.config.keep_best:
             self.selection.kept_at = best_state_path(self.checkpoints.path)
             self._save_to(self.selection.kept_at, "the best state's barrier")
         if self.selection.stopped_early and not was_stopped:
-            self.logger.print(f"early stopping at step {self.step}: "
-                              f"{self.selection.since_best} evaluations without a "
-                              f"{self.selection.metric} above the best, "
-                              f"{self.selection.text()}")
+            self.logger.print(f"early stopping at step {self.step}: no better "
+                              f"{self.selection.metric} in {self.selection.since_best} "
+                              f"evaluations; the best: {self.selection.text()}")
         self.reporter.restart()
 
-    def _selection_text(self, improved: bool) -> str:
+    def _selection_text(self, select: bool, improved: bool) -> str:
+        if not select:
+            return ""
         if improved:
             return "  (best so far)"
         return (f"  (best: epoch {self.selection.best_epoch}, "
