@@ -317,9 +317,9 @@ def main(argv):
     del argv
     # configures devices before any TensorFlow op
     comm = make_communicator(FLAGS.cpu, FLAGS.collective_timeout_s)
+    check_flags(comm.size)  # before the log exists: a refused command line leaves no file
     logger = DLLogger(FLAGS.log_path, enabled=comm.rank == 0)
     try:
-        check_flags(comm.size)
         if FLAGS.print_plan:
             print_plans(logger, comm.size)
             return 0

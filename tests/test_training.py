@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 
 import numpy as np
 import pytest
@@ -39,6 +40,8 @@ def run_main(*args, expect_ok=True):
 def main_in_process(args):
     drop_cli_flags("sim.main")  # SIM's CLI defines flags of the same names
     import main
+    if "--log_path" not in args:  # not main.py's default, in this process's directory
+        args = [*args, "--log_path", os.path.join(tempfile.mkdtemp(), "log.json")]
     main.FLAGS.unparse_flags()
     try:
         main.FLAGS(["main.py", *args])

@@ -15,7 +15,7 @@ $PY -m wide_and_deep.synthetic --feature_spec "$OUT/spec/feature_spec.yaml" --ds
     --train_rows $TRAIN_ROWS --test_rows $TEST_ROWS --validation_rows $TEST_ROWS --signal_strength 2
 TRAIN=(--dataset_path "$OUT/data" --cpu --model_dir "$OUT/model" --results_dir "$OUT/results"
        --global_batch_size 1024 --eval_batch_size 4096 --deep_hidden_units 64 64 64
-       --deep_learning_rate 0.0005 --linear_learning_rate 0.005 --deep_warmup_epochs 0.5 --print_freq 20)
+       --deep_learning_rate 0.0002 --linear_learning_rate 0.002 --deep_warmup_epochs 0.5 --print_freq 20)
 # up to $EPOCHS epochs: stops after 2 without a better validation MAP@12 and keeps the best
 # one; --evaluate then reads the held-out test data
 $PY -m wide_and_deep.main "${TRAIN[@]}" --num_epochs $EPOCHS --keep_best --early_stopping_patience 2
