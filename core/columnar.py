@@ -94,7 +94,7 @@ class _ParquetChunk(_ChunkFiles):
     def _open_file(self, path: str):
         import pyarrow.parquet as pq
         try:
-            # pages written with a checksum (ours, Spark's) are checked as they are read
+            # pages written with a checksum (ColumnarWriter's) are checked as they are read
             parquet_file = pq.ParquetFile(path, page_checksum_verification=True)
         except Exception as e:  # pyarrow raises several types for a damaged file
             raise DatasetError(f"{path}: not a readable parquet file ({_one_line(e)})") from None
