@@ -277,7 +277,10 @@ class FeatureSpec:
             if name not in tables:
                 raise FeatureSpecError(f"dynamic feature '{name}' has no table (features with "
                                        f"a cardinality: {tables})")
-            out.feature_spec[name] = dict(out.feature_spec[name], dynamic=dict(spec.__dict__))
+            entry = {"min_count": spec.min_count, "eviction": spec.eviction}
+            if spec.pending_per_row != DynamicSpec.pending_per_row:  # else specs read as before
+                entry["pending_per_row"] = spec.pending_per_row
+            out.feature_spec[name] = dict(out.feature_spec[name], dynamic=entry)
         return out
 
     @property
