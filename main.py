@@ -94,6 +94,9 @@ flags.DEFINE_list("dynamic_features", [], "Categorical features (or 'all') whose
                   "learn their ids (open vocabulary; the spec's cardinality is the capacity)")
 flags.DEFINE_integer("dynamic_min_count", 1, "--dynamic_features: occurrences before an id "
                      "gets a row of its own (until then it reads the rare row 0)")
+flags.DEFINE_integer("dynamic_pending_per_row", DynamicSpec.pending_per_row,
+                     "--dynamic_min_count > 1: ids waiting for it that a table remembers, per "
+                     "row of its capacity (about 66 bytes each; the oldest is forgotten)")
 flags.DEFINE_string("save_checkpoint_path", None, "Save a checkpoint here at the end")
 flags.DEFINE_integer("checkpoint_steps", 0, "Also save every this many steps (0: only at "
                      "the end)")
@@ -189,7 +192,11 @@ def dataset_spec():
         return spec
     if FLAGS.dynamic_min_count < 1:
         raise UsageError(f"--dynamic_min_count must be >= 1, found {FLAGS.dynamic_min_count}")
-    return spec.with_dynamic(FLAGS.dynamic_features, DynamicSpec(FLAGS.dynamic_min_count))
+    if FLAGS.dynamic_pending_per_row < 1:
+        raise UsageError(f"--dynamic_pending_per_row must be >= 1, found "
+                         f"{FLAGS.dynamic_pending_per_row}")
+    return spec.with_dynamic(FLAGS.dynamic_features, DynamicSpec(
+        FLAGS.dynamic_min_count, pending_per_row=FLAGS.dynamic_pending_per_row))
 
 
 def spec_of_the_data():

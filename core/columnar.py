@@ -18,6 +18,11 @@ COLUMNAR_FORMATS = ("parquet", "tfrecord")
 PARQUET_ROW_GROUP = 1 << 16  # small groups keep random (shuffled) batch reads cheap
 
 
+def _one_line(error: Exception) -> str:
+    """A library's message (pyarrow's can span lines) as one line of an `error:`."""
+    return " ".join(str(error).split()) or type(error).__name__
+
+
 def _as_dtype(values: np.ndarray, dtype: np.dtype, name: str, where: str) -> np.ndarray:
     """values as the spec's dtype; ids stored as floats (NVIDIA's Wide & Deep writes multi-hot
     ids as list<double>) must be whole numbers, never silently truncated."""
@@ -89,9 +94,10 @@ class _ParquetChunk(_ChunkFiles):
     def _open_file(self, path: str):
         import pyarrow.parquet as pq
         try:
-            parquet_file = pq.ParquetFile(path)
+            # pages written with a checksum (ColumnarWriter's) are checked as they are read
+            parquet_file = pq.ParquetFile(path, page_checksum_verification=True)
         except Exception as e:  # pyarrow raises several types for a damaged file
-            raise DatasetError(f"{path}: not a readable parquet file ({e})") from None
+            raise DatasetError(f"{path}: not a readable parquet file ({_one_line(e)})") from None
         names = set(parquet_file.schema_arrow.names)
         missing = [f for f in self.features if f not in names]
         if missing:
@@ -106,12 +112,28 @@ class _ParquetChunk(_ChunkFiles):
         g1 = max(int(np.searchsorted(starts, b, side="left")), g0 + 1)
         return tuple(range(g0, min(g1, len(starts) - 1))), int(starts[g0])
 
+    def _read_groups(self, i: int, groups: tuple):
+        """Row groups of file i; a damaged one is named (read again alone to find it)."""
+        try:
+            return self._files[i].read_row_groups(list(groups), columns=self.features)
+        except Exception as e:  # a damaged page: pyarrow's OSError, ArrowInvalid, ...
+            culprit, error = groups, e
+            for g in groups if len(groups) > 1 else ():
+                try:
+                    self._files[i].read_row_group(g, columns=self.features)
+                except Exception as alone:
+                    culprit, error = (g,), alone
+                    break
+            named = f"row group {culprit[0]}" if len(culprit) == 1 else \
+                f"row groups {culprit[0]}..{culprit[-1]}"
+            raise DatasetError(f"{self.paths[i]}: {named}: not readable (corrupt file?): "
+                               f"{_one_line(error)}") from None
+
     def _read_file(self, i: int, a: int, b: int) -> dict:
         groups, group_row = self._groups(i, a, b)
         key = (i, groups)
         if self._cached[0] != key:  # consecutive batches often share a row group
-            table = self._files[i].read_row_groups(list(groups), columns=self.features)
-            self._cached = (key, table)
+            self._cached = (key, self._read_groups(i, groups))
         table = self._cached[1].slice(a - group_row, b - a)
         out = {}
         for name in self.features:
@@ -229,9 +251,16 @@ class _TFRecordChunk(_ChunkFiles):
 
     def _records(self, i: int, r0: int, r1: int) -> list:
         offsets = self._offsets[i]
-        with open(self.paths[i], "rb") as f:
-            f.seek(int(offsets[r0]))
-            blob = f.read(int(offsets[r1] - offsets[r0]))
+        try:
+            with open(self.paths[i], "rb") as f:
+                f.seek(int(offsets[r0]))
+                blob = f.read(int(offsets[r1] - offsets[r0]))
+        except OSError as e:  # a file gone or unreadable since it was opened
+            raise DatasetError(f"{self.paths[i]}: records {r0}..{r1 - 1}: not readable "
+                               f"({_one_line(e)})") from None
+        if len(blob) != offsets[r1] - offsets[r0]:
+            raise DatasetError(f"{self.paths[i]}: records {r0}..{r1 - 1}: the file is shorter "
+                               f"than when it was opened")
         local = offsets[r0:r1 + 1] - offsets[r0]
         _check_data_crcs(self.paths[i], blob, local, r0)
         return [blob[s + 12:e - 4] for s, e in zip(local[:-1], local[1:])]
@@ -244,7 +273,7 @@ class _TFRecordChunk(_ChunkFiles):
         try:
             parsed = tf.io.parse_example(tf.constant(records, dtype=tf.string),
                                          self._parse_spec())
-        except (tf.errors.InvalidArgumentError, UnicodeDecodeError):
+        except (tf.errors.OpError, UnicodeDecodeError):
             self._raise_bad_record(i, r0, records)
         out = {name: (value.flat_values.numpy(), value.row_lengths().numpy())
                for name, value in parsed.items()}
@@ -534,7 +563,8 @@ class ColumnarWriter(StagedWriter):
                     pa.array(offsets), pa.array(value[0]))
             else:
                 arrays[name] = pa.array(value)
-        pq.write_table(pa.table(arrays), path, row_group_size=PARQUET_ROW_GROUP)
+        pq.write_table(pa.table(arrays), path, row_group_size=PARQUET_ROW_GROUP,
+                       write_page_checksum=True)
 
     def _write_tfrecord(self, path: str, rows: int, columns: dict,
                         rows_per_record: int = 1) -> None:

@@ -6,19 +6,32 @@ trains it, as the preprocessing's shared id of rare values is trained). Training
 in this order (the semantics `tests/test_dynamic.py` checks against a pure-Python model):
   1. the batch's distinct ids, in order of first appearance, and how often each occurs;
   2. an id that holds a row reads it, and the row is marked used at this batch;
-  3. any other id adds its occurrences to its pending count; ids whose count reaches
-     `min_count` are admitted, in order of first appearance: each takes the lowest row never
-     used, or, when none is left, the least recently used row not used by this batch (ties:
-     the lowest row; that row's id is forgotten, `eviction: lru`). An admitted row starts
-     anew: its vector is drawn again from the table's initializer and the optimizer's slots
-     of the row are zeroed (the caller does both, given the new rows);
-  4. ids not admitted (count below `min_count`, or every row used by this batch) read row 0.
+  3. any other id adds its occurrences to its pending count (0 when the id is not held in
+     the pending ring, 5.); ids whose count reaches `min_count` are admitted, in order of
+     first appearance: each takes the lowest row never used, or, when none is left, the
+     least recently used row not used by this batch (ties: the lowest row; that row's id is
+     forgotten, `eviction: lru`). An admitted row starts anew: its vector is drawn again
+     from the table's initializer and the optimizer's slots of the row are zeroed (the
+     caller does both, given the new rows);
+  4. ids not admitted (count below `min_count`, or every row used by this batch) read row 0;
+  5. (min_count > 1) the pending ring, P = `pending_per_row` x capacity slots, holds ids
+     and their counts in the order they started waiting. An id held there keeps its slot
+     and its count is updated in place (0 once admitted). Every other id not admitted
+     starts waiting: in order of first appearance, each is written at the ring's next slot,
+     overwriting the oldest id, which is forgotten (of more than P such ids in one batch,
+     the last P stay).
 Evaluation and serving never insert: an id with a row reads it, any other reads row 0.
 
-The id -> row map is TensorFlow's MutableHashTable (a compiled kernel); pending counts are
-kept for every id seen fewer than `min_count` times (memory grows with such ids, none when
-min_count is 1). Memory per row: the vector and optimizer slots, 8 bytes of row -> id,
-8 bytes of last use, and about 40 bytes of map entry.
+Against counts kept for every id, the ring only forgets: an id that reaches min_count before
+P more ids start waiting after it counts exactly as there; one whose occurrences spread
+wider is admitted later or never, never earlier. Memory is fixed by capacity and P whatever
+the number of distinct ids seen, and so is the checkpoint (the ring is saved oldest first and
+loaded compacted, which changes no future: nothing leaves the ring but its oldest id).
+
+The id -> row and id -> ring slot maps are TensorFlow's MutableHashTable (a compiled kernel).
+Memory per row: the vector and optimizer slots, 8 bytes of row -> id, 8 bytes of last use,
+and about 50 bytes of map entry; per pending slot: 16 bytes of id and count and about 50
+bytes of map entry (README: "Open vocabulary: dynamic tables").
 """
 from __future__ import annotations
 
@@ -43,7 +56,15 @@ class DynamicTable(tf.Module):
         self.table_rows = int(table_rows or capacity)
         with self.name_scope:
             self.rows = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, NO_ROW)
-            self.pending = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, 0)
+            # the pending ring (module doc, 5.): id -> slot, and each slot's id and count
+            self.pending_slots = spec.pending_per_row * self.capacity if spec.min_count > 1 \
+                else 0
+            self.pending = tf.lookup.experimental.MutableHashTable(tf.int64, tf.int64, NO_ROW)
+            self.pending_ids = tf.Variable(tf.zeros([self.pending_slots], tf.int64),
+                                           trainable=False, name="pending_ids")
+            self.pending_counts = tf.Variable(tf.zeros([self.pending_slots], tf.int64),
+                                              trainable=False, name="pending_counts")
+            self.cursor = tf.Variable(0, dtype=tf.int64, trainable=False, name="cursor")
             self.row_ids = tf.Variable(tf.zeros([self.capacity], tf.int64), trainable=False,
                                        name="row_ids")
             self.last_used = tf.Variable(tf.fill([self.capacity], tf.constant(-1, tf.int64)),
@@ -88,15 +109,37 @@ class DynamicTable(tf.Module):
 
     def _admit_counted(self, new_ids, counts, now):
         """_admit for the ids whose pending count reaches min_count; the others (and ready
-        ids that found no row) keep their counts for the next batches."""
-        seen = tf.reshape(self.pending.lookup(new_ids), [-1]) + counts
+        ids that found no row) keep or start their counts in the pending ring."""
+        slot = tf.reshape(self.pending.lookup(new_ids), [-1])
+        held = slot != NO_ROW
+        seen = tf.where(held, tf.gather(self.pending_counts, tf.maximum(slot, 0)), 0) + counts
         ready = seen >= self.spec.min_count
         admitted, new_rows = self._admit(tf.boolean_mask(new_ids, ready), now)
         ready_rank = tf.cumsum(tf.cast(ready, tf.int32)) - 1
-        waiting = ~tf.logical_and(ready, ready_rank < tf.size(admitted))
-        self.pending.remove(admitted)
-        self.pending.insert(tf.boolean_mask(new_ids, waiting), tf.boolean_mask(seen, waiting))
+        taken = tf.logical_and(ready, ready_rank < tf.size(admitted))
+        self.pending_counts.scatter_update(tf.IndexedSlices(
+            tf.boolean_mask(tf.where(taken, tf.zeros_like(seen), seen), held),
+            tf.boolean_mask(slot, held)))
+        waiting = ~(held | taken)
+        self._start_waiting(tf.boolean_mask(new_ids, waiting), tf.boolean_mask(seen, waiting))
         return admitted, new_rows
+
+    def _start_waiting(self, ids, counts):
+        """Write ids (not held) and their counts at the ring's next slots, forgetting the ids
+        held there; of more than the ring's slots, the last ones stay."""
+        size = self.pending_slots
+        n = tf.size(ids, tf.int64)
+        kept = tf.minimum(n, size)
+        ids, counts = ids[n - kept:], counts[n - kept:]
+        slots = (self.cursor + n - kept + tf.range(kept)) % size
+        old = tf.gather(self.pending_ids, slots)
+        # a slot still written (at the start, none) names an id whose map entry is that slot
+        forgotten = tf.reshape(self.pending.lookup(old), [-1]) == slots
+        self.pending.remove(tf.boolean_mask(old, forgotten))
+        self.pending_ids.scatter_update(tf.IndexedSlices(ids, slots))
+        self.pending_counts.scatter_update(tf.IndexedSlices(counts, slots))
+        self.pending.insert(ids, slots)
+        self.cursor.assign((self.cursor + n) % size)
 
     def _admit(self, candidates, now):
         """Rows for candidates in order (fresh rows first, then least recently used ones not
@@ -145,28 +188,50 @@ class DynamicTable(tf.Module):
 
     # ---- state (checkpoints) ------------------------------------------------------------
     def state(self) -> dict:
-        """Every array that decides future lookups, for a checkpoint."""
+        """Every array that decides future lookups, for a checkpoint (the pending ring's ids
+        and counts oldest first: their order decides which is forgotten next)."""
         keys, rows = self.rows.export()
-        pending_keys, pending_counts = self.pending.export()
-        return {"keys": keys.numpy(), "rows": rows.numpy(), "pending_keys": pending_keys.numpy(),
-                "pending_counts": pending_counts.numpy(), "row_ids": self.row_ids.numpy(),
+        pending_keys, pending_counts = self._ring()
+        return {"keys": keys.numpy(), "rows": rows.numpy(), "pending_keys": pending_keys,
+                "pending_counts": pending_counts, "row_ids": self.row_ids.numpy(),
                 "last_used": self.last_used.numpy(),
                 "counters": np.array([self.allocated.numpy(), self.clock.numpy(),
                                       self.admissions.numpy(), self.evictions.numpy()])}
 
+    def _ring(self) -> tuple:
+        """(ids, counts) the pending ring holds, oldest first."""
+        order = (int(self.cursor.numpy()) + np.arange(self.pending_slots)) % \
+            max(self.pending_slots, 1)
+        ids = self.pending_ids.numpy()[order]
+        held = self.pending.lookup(tf.constant(ids, tf.int64)).numpy() == order
+        return ids[held], self.pending_counts.numpy()[order][held]
+
     def load(self, state: dict) -> None:
+        """Take a state (of any pending ring: of more ids than this ring's slots, the last
+        ones stay)."""
         for table in (self.rows, self.pending):
             keys, _ = table.export()
             table.remove(keys)
         self.rows.insert(tf.constant(state["keys"], tf.int64),
                          tf.constant(state["rows"], tf.int64))
-        self.pending.insert(tf.constant(state["pending_keys"], tf.int64),
-                            tf.constant(state["pending_counts"], tf.int64))
+        self._load_ring(np.asarray(state["pending_keys"], np.int64),
+                        np.asarray(state["pending_counts"], np.int64))
         self.row_ids.assign(state["row_ids"])
         self.last_used.assign(state["last_used"])
         for var, value in zip((self.allocated, self.clock, self.admissions, self.evictions),
                               state["counters"]):
             var.assign(int(value))
+
+    def _load_ring(self, ids, counts) -> None:
+        """The ring holding ids (oldest first) at slots 0, 1, ... and the next write after
+        them."""
+        keep = slice(max(len(ids) - self.pending_slots, 0), None)
+        ids, counts = ids[keep], counts[keep]
+        slots = np.arange(len(ids), dtype=np.int64)
+        self.pending_ids.assign(np.pad(ids, (0, self.pending_slots - len(ids))))
+        self.pending_counts.assign(np.pad(counts, (0, self.pending_slots - len(ids))))
+        self.pending.insert(tf.constant(ids), tf.constant(slots))
+        self.cursor.assign(len(ids) % max(self.pending_slots, 1))
 
 
 _GOLDEN, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB

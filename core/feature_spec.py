@@ -63,21 +63,25 @@ class FeatureSpecError(ValueError):
 @dataclass(frozen=True)
 class DynamicSpec:
     """A feature's `dynamic` mapping: its table maps any int64 id to a row as training sees
-    it (core/dynamic.py); `cardinality` is then the table's capacity in rows."""
+    it (core/dynamic.py); `cardinality` is then the table's capacity in rows. pending_per_row:
+    the ids waiting for min_count a table remembers, per row of capacity (the pending ring;
+    about 66 bytes each)."""
     min_count: int = 1
     eviction: str = "lru"
+    pending_per_row: int = 4
 
     @classmethod
     def parse(cls, name: str, value) -> "DynamicSpec":
         if value is None or value is True:
             value = {}
-        if not isinstance(value, dict) or set(value) - {"min_count", "eviction"}:
+        if not isinstance(value, dict) or set(value) - set(cls.__dataclass_fields__):
             raise FeatureSpecError(f"feature '{name}': dynamic must be a mapping with "
-                                   f"min_count and eviction, found {value!r}")
+                                   f"min_count, eviction and pending_per_row, found {value!r}")
         spec = cls(**value)
-        if not _is_positive_int(spec.min_count):
-            raise FeatureSpecError(f"feature '{name}': dynamic min_count must be an integer "
-                                   f">= 1, found {spec.min_count!r}")
+        for key in ("min_count", "pending_per_row"):
+            if not _is_positive_int(getattr(spec, key)):
+                raise FeatureSpecError(f"feature '{name}': dynamic {key} must be an integer "
+                                       f">= 1, found {getattr(spec, key)!r}")
         if spec.eviction not in EVICTION_POLICIES:
             raise FeatureSpecError(f"feature '{name}': dynamic eviction must be one of "
                                    f"{list(EVICTION_POLICIES)}, found {spec.eviction!r}")
@@ -273,8 +277,10 @@ class FeatureSpec:
             if name not in tables:
                 raise FeatureSpecError(f"dynamic feature '{name}' has no table (features with "
                                        f"a cardinality: {tables})")
-            out.feature_spec[name] = dict(out.feature_spec[name], dynamic={
-                "min_count": spec.min_count, "eviction": spec.eviction})
+            entry = {"min_count": spec.min_count, "eviction": spec.eviction}
+            if spec.pending_per_row != DynamicSpec.pending_per_row:  # else specs read as before
+                entry["pending_per_row"] = spec.pending_per_row
+            out.feature_spec[name] = dict(out.feature_spec[name], dynamic=entry)
         return out
 
     @property

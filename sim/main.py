@@ -55,6 +55,10 @@ flags.DEFINE_list("dynamic_features", [], "Features (or 'all') whose tables lear
                   "(open vocabulary; an item feature's target and histories share its map)")
 flags.DEFINE_integer("dynamic_min_count", 1, "--dynamic_features: occurrences before an id "
                      "gets a row of its own", lower_bound=1)
+flags.DEFINE_integer("dynamic_pending_per_row", DynamicSpec.pending_per_row,
+                     "--dynamic_min_count > 1: ids waiting for it that a table remembers, per "
+                     "row of its capacity (about 66 bytes each; the oldest is forgotten)",
+                     lower_bound=1)
 flags.DEFINE_enum("sharding", "auto", list(SHARDING_KINDS), "Where the tables live under "
                   "several processes: data_parallel (every process holds every table), "
                   "row_wise (each table's rows split over the processes), table_wise (whole "
@@ -286,7 +290,8 @@ def train_or_infer():
     logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})
     spec = load_spec(F.dataset_dir, SIM_CONTRACT, F.feature_spec)
     if F.dynamic_features:
-        spec = spec.with_dynamic(F.dynamic_features, DynamicSpec(F.dynamic_min_count))
+        spec = spec.with_dynamic(F.dynamic_features, DynamicSpec(
+            F.dynamic_min_count, pending_per_row=F.dynamic_pending_per_row))
     run(spec, comm, logger)
     if F.mode == "train" and comm.rank == 0:
         plot_log.plot(log_path, os.path.join(F.results_dir, "curves.png"))

@@ -35,6 +35,8 @@ TOY = {
                              "--raw_buffer_kb": "256", "--parquet_rows": "2000",
                              "--tfrecord_rows": "2000"},
     "sim_step_profile.py": {"--batch_sizes": "16", "--steps": "1"},
+    "dynamic_admission_memory.py": {"--steps": "2", "--capacity": "40", "--tables": "2",
+                                    "--batch_size": "64", "--admission_steps": "20"},
 }
 FIGURES = r"\d\s?(%|samples/s|rows/s|lines/s|ms\b|x\b)|\"ms\": \d"
 

@@ -47,7 +47,8 @@ def write_day(path, vocabulary, rows, seed, static=()):
 
 def test_resume_mid_epoch_is_exact(tmp_path):
     data = write_day(tmp_path / "d", np.arange(150), 2048, 0)  # 150 ids, 63 rows: evictions
-    common = [*MODEL, "--dataset_path", data, "--epochs", "2"]
+    # a pending ring of 64 slots for 150 ids: it forgets ids
+    common = [*MODEL, "--dataset_path", data, "--epochs", "2", "--dynamic_pending_per_row", "1"]
     run_main(*common, "--log_path", str(tmp_path / "full.json"))
     ckpt = tmp_path / "ckpt"
     run_main(*common, "--max_steps", "7", "--save_checkpoint_path", str(ckpt),
@@ -57,8 +58,9 @@ def test_resume_mid_epoch_is_exact(tmp_path):
     run_main(*common, "--restore_checkpoint_path", str(ckpt),
              "--log_path", str(tmp_path / "second.json"))
     assert_resumed_losses_equal(tmp_path, 24)
-    evictions = np.load(ckpt / "dynamic_0.npz")["counters"][3]
-    assert evictions > 0  # the test covers a full table
+    saved = np.load(ckpt / "dynamic_0.npz")
+    assert saved["counters"][3] > 0  # the test covers a full table
+    assert len(saved["pending_keys"]) == CAPACITY  # and a full pending ring
 
 
 def numpy_probabilities(ckpt, numerical, categorical):
@@ -131,6 +133,7 @@ def test_day_one_ids_get_rows_of_their_own(day_zero, tmp_path):
 
 @pytest.mark.parametrize("extra,message", [
     (["--dynamic_min_count", "0"], "--dynamic_min_count must be >= 1, found 0"),
+    (["--dynamic_pending_per_row", "0"], "--dynamic_pending_per_row must be >= 1, found 0"),
     (["--dynamic_features", "nope"], "dynamic feature 'nope' has no table"),
     (["--xla"], "--xla compiles fixed shapes"),
 ])

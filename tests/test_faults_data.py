@@ -145,6 +145,53 @@ def test_nan_in_a_parquet_column_names_file_row_and_feature(tmp_path):
         reader.get(1)
 
 
+def damage_page(path, checksums: bool, seed=0):
+    """Rewrite a parquet file (with or without page checksums), then overwrite random bytes
+    in the middle of row group 0's first data page of its first column (footer intact);
+    without checksums the page header is hit too, which nothing could tell from data."""
+    import pyarrow.parquet as pq
+    pq.write_table(pq.read_table(path), path, row_group_size=1000,
+                   write_page_checksum=checksums)
+    column = pq.ParquetFile(path).metadata.row_group(0).column(0)
+    start, size = column.data_page_offset, column.total_compressed_size
+    at = start + (size // 2 if checksums else 0)
+    with open(path, "r+b") as f:
+        f.seek(at)
+        f.write(np.random.default_rng(seed).integers(0, 256, 16, dtype=np.uint8).tobytes())
+    assert pq.ParquetFile(path).metadata.num_rows == 3000  # the footer still reads
+
+
+@pytest.mark.parametrize("checksums", [True, False])
+def test_a_damaged_parquet_page_names_file_and_row_group(tmp_path, checksums):
+    from wide_and_deep.contract import WIDE_DEEP_CONTRACT
+    dst = wide_deep_dataset(tmp_path)
+    path = os.path.join(dst, load_spec(dst, WIDE_DEEP_CONTRACT).source_spec["train"][0][
+        "files"][0])
+    damage_page(path, checksums)
+    reader = open_reader(load_spec(dst, WIDE_DEEP_CONTRACT), "train", 500)
+    with pytest.raises(DatasetError, match=f"^{path}: row group 0: not readable \(corrupt "
+                                           f"file\?\): ") as raised:
+        reader.get(0)
+    assert "\n" not in str(raised.value)
+    reader.get(2)  # row group 1 is intact
+
+
+def test_a_damaged_parquet_page_is_one_error_line_of_wide_and_deep(tmp_path):
+    from wide_and_deep.contract import WIDE_DEEP_CONTRACT
+    dst = wide_deep_dataset(tmp_path)
+    path = os.path.join(dst, load_spec(dst, WIDE_DEEP_CONTRACT).source_spec["train"][0][
+        "files"][0])
+    damage_page(path, checksums=True)
+    proc = subprocess.run([sys.executable, "-m", "wide_and_deep.main", "--dataset_path", dst,
+                           "--cpu", "--model_dir", str(tmp_path / "m"), "--results_dir",
+                           str(tmp_path / "r"), "--num_epochs", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert lines[-1].startswith(f"error: {path}: row group 0: not readable (corrupt file?): ")
+
+
 # ---- TFRecord integrity -----------------------------------------------------------------
 def sim_dataset(tmp_path):
     from sim.synthetic import write
@@ -193,6 +240,18 @@ def test_a_damaged_length_is_named_when_the_file_is_opened(tmp_path):
         f.write(np.array([12], "<u8").tobytes())  # a plausible length, its CRC kept
     with pytest.raises(DatasetError, match=f"^{path}: record 7: corrupt length"):
         sim_reader(dst)
+
+
+def test_a_tfrecord_cut_short_after_opening_names_file_and_records(tmp_path):
+    dst = sim_dataset(tmp_path)
+    reader = sim_reader(dst)
+    path = reader.parts[0].paths[0]
+    start, _ = record_bounds(path)[70]
+    os.truncate(path, start)  # records 70.. are gone under an open reader
+    reader.get(0)
+    with pytest.raises(DatasetError, match=f"^{path}: records 64..127: the file is shorter "
+                                           f"than when it was opened$"):
+        reader.get(1)
 
 
 def test_a_tfrecord_of_random_bytes_names_the_file(tmp_path):

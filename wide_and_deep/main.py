@@ -12,6 +12,7 @@ import os
 
 from core import runtime
 from core.cli import exit_process, run_cli
+from core.feature_spec import DynamicSpec
 from core.parallel.placement import ROUTED_REPLICATED_ELEMENTS, SHARDING_KINDS
 
 
@@ -78,7 +79,12 @@ def parse_args(argv=None):
            "(open vocabulary; the spec's cardinality is the capacity)")
     a("--dynamic_min_count", type=int, default=1,
       help="--dynamic_features: occurrences before an id gets a row of its own")
+    a("--dynamic_pending_per_row", type=int, default=DynamicSpec.pending_per_row,
+      help="--dynamic_min_count > 1: ids waiting for it that a table remembers, per row of "
+           "its capacity (about 66 bytes each; the oldest is forgotten)")
     args = p.parse_args(argv)
+    if args.dynamic_pending_per_row < 1:
+        p.error(f"--dynamic_pending_per_row must be >= 1, found {args.dynamic_pending_per_row}")
     if args.early_stopping_patience < 0:
         p.error(f"--early_stopping_patience must be >= 0, found {args.early_stopping_patience}")
     return args

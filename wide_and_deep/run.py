@@ -29,8 +29,8 @@ class Run:
         # NVIDIA's specs carry no dtypes: the parquet schema (or a default) gives them
         self.spec = load_spec(args.dataset_path, WIDE_DEEP_CONTRACT, args.fspec_file)
         if args.dynamic_features:
-            self.spec = self.spec.with_dynamic(args.dynamic_features,
-                                               DynamicSpec(args.dynamic_min_count))
+            self.spec = self.spec.with_dynamic(args.dynamic_features, DynamicSpec(
+                args.dynamic_min_count, pending_per_row=args.dynamic_pending_per_row))
         self.comm = make_communicator()
         self.logger = DLLogger(os.path.join(args.results_dir, args.log_filename),
                                enabled=self.comm.rank == 0)
