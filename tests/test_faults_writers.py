@@ -1,0 +1,225 @@
+"""One writer per output path, and exports as safe as checkpoints: a second run aiming at a
+checkpoint or export path in use ends at its start with one line naming the path and the
+holder, the first finishes; a killed holder blocks no one; a full disk during an export is one
+line with the previous export kept; an export killed between its renames is moved back by the
+next writer, which also removes the staging directories of dead runs."""
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+
+import psutil
+import pytest
+
+from conftest import HOROVODRUN, ROOT, horovodrun, kill_tree, require_or_skip
+from test_faults_checkpoint import DLRM, leftovers, run
+from test_training import main_in_process, step_losses
+
+WAIT_S = 240  # bound on every wait for a process started here
+
+# Prelude of a run that holds its paths and waits for the file GO (then it trains or exports):
+# the second run meets a first one that is certainly still running.
+GATE = """
+    import os, time
+    from core import runtime
+    runtime.import_tensorflow()
+    import training.loop, training.export
+
+    def gated(real):
+        def wait_then_run(*args, **kwargs):
+            deadline = time.monotonic() + {wait_s}
+            while not os.path.exists({go!r}) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            return real(*args, **kwargs)
+        return wait_then_run
+    training.loop.train = gated(training.loop.train)
+    training.export.export_saved_model = gated(training.export.export_saved_model)
+"""
+
+
+def code(args, prelude=""):
+    return f"import runpy, sys\n{textwrap.dedent(prelude)}\nsys.argv = {args[1:]!r}\n" \
+           f"runpy.run_path('main.py', run_name='__main__')"
+
+
+def start_gated(tmp_path, args, np_=1):
+    """A run (np_ ranks) that takes its paths, then waits for tmp_path/go; its output files."""
+    prelude = GATE.format(wait_s=WAIT_S, go=str(tmp_path / "go"))
+    command = [sys.executable, "-c", code(args, prelude)]
+    if np_ > 1:
+        command = horovodrun(np_, *command)
+    out = open(tmp_path / "first.out", "w")
+    proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                            start_new_session=True,
+                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                                     CUDA_VISIBLE_DEVICES=""))
+    return proc
+
+
+def holder_pid(path, proc) -> int:
+    """The pid written in path's lock, once the run `proc` has taken it."""
+    lock = path + ".lock"
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        text = open(lock).read().split() if os.path.exists(lock) else []
+        if len(text) == 2:
+            assert text[0] == socket.gethostname()
+            return int(text[1])
+        time.sleep(0.2)
+    pytest.fail(f"the first run never took {path} (exit {proc.poll()})", pytrace=False)
+
+
+def finish(proc, tmp_path):
+    """Let the gated run go on; its exit status and output."""
+    (tmp_path / "go").touch()
+    try:
+        status = proc.wait(timeout=WAIT_S)
+    except subprocess.TimeoutExpired:
+        kill_tree(proc)
+        pytest.fail("the first run did not end", pytrace=False)
+    return status, (tmp_path / "first.out").read_text()
+
+
+def in_use(path, pid) -> str:
+    return (f"error: {path} is in use by another run (host {socket.gethostname()}, pid {pid}); "
+            f"wait for it to end or write elsewhere (lock: {path}.lock)")
+
+
+def refused_at_start(tmp_path, args, path, pid):
+    """The second run on path: one line naming path and holder, nothing trained."""
+    log = tmp_path / "second.json"
+    proc, errors = run(DLRM + args + ["--log_path", str(log)])
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert errors == [in_use(path, pid)]
+    assert not log.exists() or step_losses(log) == {}
+
+
+def test_two_runs_on_one_checkpoint_path(tmp_path):
+    path = str(tmp_path / "ck")
+    train = ["--save_checkpoint_path", path, "--checkpoint_steps", "2"]
+    first = start_gated(tmp_path, DLRM + train + ["--log_path", str(tmp_path / "first.json")])
+    try:
+        refused_at_start(tmp_path, train, path, holder_pid(path, first))
+        status, out = finish(first, tmp_path)
+    finally:
+        kill_tree(first)
+    assert status == 0, out[-2000:]
+    assert f"checkpoint saved at step 10: {path}" in out
+    main_in_process(DLRM[2:] + ["--mode", "eval", "--restore_checkpoint_path", path,
+                                "--log_path", str(tmp_path / "eval.json")])
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".lock") or ".tmp" in f]
+
+
+def test_a_two_rank_job_is_one_writer(tmp_path):
+    require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
+    path = str(tmp_path / "ck")
+    train = ["--save_checkpoint_path", path, "--keep_best", "--collective_timeout_s", "200"]
+    first = start_gated(tmp_path, DLRM + train + ["--log_path", str(tmp_path / "first.json")],
+                        np_=2)
+    try:
+        pid = holder_pid(path, first)
+        assert psutil.Process(pid).environ().get("HOROVOD_RANK") == "0"  # rank 0 holds it
+        assert holder_pid(path + ".best", first) == pid
+        refused_at_start(tmp_path, ["--save_checkpoint_path", path], path, pid)
+        status, out = finish(first, tmp_path)
+    finally:
+        kill_tree(first)
+    assert status == 0, out[-2000:]
+    main_in_process(DLRM[2:] + ["--mode", "eval", "--restore_checkpoint_path", path,
+                                "--log_path", str(tmp_path / "eval.json")])
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".lock")]
+
+
+def test_two_exports_on_one_path(tmp_path):
+    path = str(tmp_path / "export")
+    deploy = ["--mode", "deploy", "--saved_model_output_path", path]
+    first = start_gated(tmp_path, DLRM + deploy + ["--log_path", str(tmp_path / "first.json")])
+    try:
+        refused_at_start(tmp_path, deploy, path, holder_pid(path, first))
+        status, out = finish(first, tmp_path)
+    finally:
+        kill_tree(first)
+    assert status == 0 and f"SavedModel written to {path}" in out, out[-2000:]
+    assert os.path.isfile(os.path.join(path, "saved_model.pb"))
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".lock") or ".tmp" in f]
+
+
+def test_a_killed_holder_does_not_block_the_next_run(tmp_path):
+    path = str(tmp_path / "ck")
+    train = ["--save_checkpoint_path", path]
+    first = start_gated(tmp_path, DLRM + train + ["--log_path", str(tmp_path / "first.json")])
+    try:
+        holder_pid(path, first)
+    finally:
+        kill_tree(first)  # SIGKILL: its lock file stays, the lock does not
+    first.wait(timeout=WAIT_S)
+    assert os.path.exists(path + ".lock")
+    proc, errors = run(DLRM + train + ["--log_path", str(tmp_path / "second.json")])
+    assert proc.returncode == 0 and errors == [], proc.stderr[-2000:]
+    assert f"checkpoint saved at step 10: {path}" in proc.stdout
+    assert not os.path.exists(path + ".lock")
+
+
+def deployed(tmp_path, prelude=""):
+    path = str(tmp_path / "export")
+    return path, run(DLRM + ["--mode", "deploy", "--saved_model_output_path", path,
+                             "--log_path", str(tmp_path / "log.json")], prelude)
+
+
+def files_of(directory) -> dict:
+    return {os.path.relpath(os.path.join(d, f), directory): open(os.path.join(d, f), "rb").read()
+            for d, _, names in os.walk(directory) for f in names}
+
+
+FULL_DISK = """
+    import tensorflow as tf
+    def save(obj, directory, **kwargs):  # TensorFlow's own writes fail as on a full disk
+        open(directory + "/saved_model.pb", "wb").write(b"half")
+        raise tf.errors.ResourceExhaustedError(
+            None, None, directory + "/variables/variables.data-00000-of-00001.tempstate1; "
+            "No space left on device")
+    tf.saved_model.save = save
+"""
+
+
+def test_an_export_on_a_full_disk_is_one_line_and_keeps_the_previous(tmp_path):
+    path, (proc, errors) = deployed(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before = files_of(path)
+    path, (proc, errors) = deployed(tmp_path, FULL_DISK)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(errors) == 1 and errors[0].startswith(f"error: cannot write {path}: ")
+    assert errors[0].endswith("No space left on device; nothing was left half-written; the "
+                              "previous export, if any, is kept")
+    assert files_of(path) == before and leftovers(tmp_path) == []
+
+
+KILLED_BETWEEN_RENAMES = """
+    import os
+    real = os.rename
+    def rename(src, dst):
+        real(src, dst)
+        if dst.endswith("-old"):
+            os._exit(9)
+    os.rename = rename
+"""
+
+
+def test_an_export_killed_between_its_renames_is_recovered_by_the_next_writer(tmp_path,
+                                                                             capsys):
+    from core.parallel.comm import Communicator
+    from training import outputs
+    path, (proc, _) = deployed(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    path, (proc, _) = deployed(tmp_path, KILLED_BETWEEN_RENAMES)
+    assert proc.returncode == 9 and not os.path.exists(path)
+    new, old = leftovers(tmp_path)
+    assert old == new + "-old"
+    staged = files_of(tmp_path / new)
+    os.makedirs(tmp_path / ".export.tmp-dead")  # the staging of a run killed earlier
+    with outputs.claimed(Communicator(), [path]):
+        assert files_of(path) == staged and leftovers(tmp_path) == []
+    assert capsys.readouterr().out == (f"{path}: moved back the complete copy {tmp_path}/{new} "
+                                       f"that an interrupted write left beside it\n")
