@@ -65,13 +65,11 @@ class StagedDirectory:
         return newest
 
     @classmethod
-    def clear(cls, output_dir: str) -> list:
+    def clear(cls, output_dir: str) -> None:
         """Remove the staging directories of writers that ended before publishing (only a
-        writer that holds the path may call it: no one else stages there); those removed."""
-        copies = cls.interrupted_copies(output_dir)
-        for copy in copies:
+        writer that holds the path may call it: no one else stages there)."""
+        for copy in cls.interrupted_copies(output_dir):
             shutil.rmtree(copy, ignore_errors=True)
-        return copies
 
     def __init__(self, output_dir: str, overwrite: bool = False, token: str = None):
         self.output_dir = os.path.abspath(output_dir)
@@ -205,10 +203,11 @@ class OutputLock:
         try:
             while self._fd is None:
                 self._fd = self._take()
-        except OSError as e:
+            os.ftruncate(self._fd, 0)
+            os.write(self._fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
+        except OSError as e:  # e.g. a full disk, a filesystem without locks
+            self.release()
             raise write_error(self.path, e) from None
-        os.ftruncate(self._fd, 0)
-        os.write(self._fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
 
     def _take(self):
         """The locked file's descriptor; None when the holder before removed the file as it
@@ -224,7 +223,7 @@ class OutputLock:
                                else "not yet named") +
                             f"); wait for it to end or write elsewhere (lock: "
                             f"{self.file})") from None
-        except OSError:  # e.g. a filesystem without locks
+        except OSError:
             os.close(fd)
             raise
         try:

@@ -162,8 +162,8 @@ def test_a_killed_holder_does_not_block_the_next_run(tmp_path):
     assert not os.path.exists(path + ".lock")
 
 
-def deployed(tmp_path, prelude=""):
-    path = str(tmp_path / "export")
+def deployed(tmp_path, prelude="", directory=None):
+    path = str((directory or tmp_path) / "export")
     return path, run(DLRM + ["--mode", "deploy", "--saved_model_output_path", path,
                              "--log_path", str(tmp_path / "log.json")], prelude)
 
@@ -196,6 +196,43 @@ def test_an_export_on_a_full_disk_is_one_line_and_keeps_the_previous(tmp_path):
     assert files_of(path) == before and leftovers(tmp_path) == []
 
 
+def fill(directory, leave: int) -> None:
+    """Fill the filesystem of directory but `leave` bytes."""
+    with open(directory / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    os.truncate(directory / "filler", os.path.getsize(directory / "filler") - leave)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 1 MiB tmpfs (mounting needs root)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                                            str(mount)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)
+
+
+def test_an_export_on_a_real_full_filesystem(tmp_path, small_filesystem):
+    path, (proc, errors) = deployed(tmp_path, directory=small_filesystem)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    before = files_of(path)
+    fill(small_filesystem, leave=32 << 10)  # less than a second export needs
+    path, (proc, errors) = deployed(tmp_path, directory=small_filesystem)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert len(errors) == 1 and errors[0].startswith(f"error: cannot write {path}: ")
+    assert "No space left on device" in errors[0], errors[0]
+    assert files_of(path) == before and leftovers(small_filesystem) == []
+
+
 KILLED_BETWEEN_RENAMES = """
     import os
     real = os.rename
@@ -223,3 +260,30 @@ def test_an_export_killed_between_its_renames_is_recovered_by_the_next_writer(tm
         assert files_of(path) == staged and leftovers(tmp_path) == []
     assert capsys.readouterr().out == (f"{path}: moved back the complete copy {tmp_path}/{new} "
                                        f"that an interrupted write left beside it\n")
+
+
+def test_wide_and_deep_and_sim_take_their_outputs_at_start(tmp_path, capsys):
+    """The other families hold their checkpoint and export from the start (here this test
+    process holds their export paths: the other run)."""
+    from core.files import OutputLock
+    from test_sim_training import SMALL, run_main, synthetic
+    from test_wd_training import FAST, make_dataset
+    from wide_and_deep.main import main as wide_and_deep
+    wd, sim = tmp_path / "wd", tmp_path / "sim"
+    held = [OutputLock(str(wd / "model" / "saved_model")), OutputLock(str(sim / "export"))]
+    for lock in held:
+        lock.acquire()
+    try:
+        assert wide_and_deep(["--dataset_path", make_dataset(str(tmp_path), "wd_data", 3.0),
+                              "--model_dir", str(wd / "model"), "--results_dir", str(wd),
+                              *FAST, "--num_epochs", "1"]) == 2
+        run_main(["--dataset_dir", synthetic(tmp_path / "sim_data", "short", 300),
+                  "--results_dir", str(sim), *SMALL, "--epochs", "1",
+                  "--save_checkpoint_path", str(sim / "ck"), "--export_path", str(sim / "export")],
+                 status=2)
+    finally:
+        for lock in held:
+            lock.release()
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
+    assert errors == [in_use(lock.path, os.getpid()) for lock in held]
+    assert not os.path.exists(wd / "model" / "checkpoint") and not os.path.exists(sim / "ck")

@@ -2,7 +2,8 @@
 sibling, export) at its start, before it trains, and holds them until it ends: a second run
 aiming at a path in use ends at once with one line naming the path and the holder, instead
 of the two overwriting each other's saves. The ranks of one job are one writer: rank 0 takes
-the locks (core.files.OutputLock) and every rank learns the outcome, so all end together.
+the locks (core.files.OutputLock) and every rank learns the outcome, so all end together
+(each with rank 0's line).
 
 Holding a path, rank 0 also finishes what a killed writer left there: an output missing
 because a publish was killed between its renames is moved back (saying so), and staging
@@ -24,13 +25,11 @@ def claimed(comm, paths):
     """Hold every path of `paths` (None entries: nothing to write) for the block; a
     collective: every rank enters it alike. A path in use, or one that cannot be locked,
     raises FileError on every rank with rank 0's message."""
-    paths = sorted({os.path.abspath(p) for p in paths if p})
-    locks, problem = [], ""
-    if comm.rank == 0:
-        problem = _lock_all(paths, locks)
-    with comm.waiting("the claim of the output paths", 0):
-        problem = _shared_text(comm, problem)
+    paths, locks = sorted({os.path.abspath(p) for p in paths if p}), []
     try:
+        problem = _lock_all(paths, locks) if comm.rank == 0 else ""
+        with comm.waiting("the claim of the output paths", 0):
+            problem = _shared_text(comm, problem)
         if problem:
             raise FileError(problem)
         yield
