@@ -26,12 +26,17 @@ DLRM = [sys.executable, "main.py", "--dataset_type", "synthetic",
         "--batch_size", "128", "--valid_batch_size", "128", "--cpu"]
 
 
+def main_code(args, prelude="") -> str:
+    """Python running main.py with args[1:], after prelude (a simulated fault)."""
+    return f"import runpy, sys\n{textwrap.dedent(prelude)}\nsys.argv = {args[1:]!r}\n" \
+           f"runpy.run_path('main.py', run_name='__main__')"
+
+
 def run(args, prelude=""):
     """main.py (or a module) in a subprocess; prelude: Python run first (a simulated fault)."""
-    code = f"import runpy, sys\n{textwrap.dedent(prelude)}\nsys.argv = {args[1:]!r}\n" \
-           f"runpy.run_path('main.py', run_name='__main__')"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    proc = subprocess.run([sys.executable, "-c", main_code(args, prelude)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     return proc, errors
 

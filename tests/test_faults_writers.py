@@ -7,19 +7,18 @@ import os
 import socket
 import subprocess
 import sys
-import textwrap
 import time
 
 import psutil
 import pytest
 
-from conftest import HOROVODRUN, ROOT, horovodrun, kill_tree, require_or_skip
-from test_faults_checkpoint import DLRM, leftovers, run
+from conftest import HOROVODRUN, ROOT, bounded_run, horovodrun, kill_tree, require_or_skip
+from test_faults_checkpoint import DLRM, leftovers, main_code, run
 from test_training import main_in_process, step_losses
 
 WAIT_S = 240  # bound on every wait for a process started here
 
-# Prelude of a run that holds its paths and waits for the file GO (then it trains or exports):
+# Prelude of a run that holds its paths and waits for the file `go` (then trains or exports):
 # the second run meets a first one that is certainly still running.
 GATE = """
     import os, time
@@ -39,23 +38,18 @@ GATE = """
 """
 
 
-def code(args, prelude=""):
-    return f"import runpy, sys\n{textwrap.dedent(prelude)}\nsys.argv = {args[1:]!r}\n" \
-           f"runpy.run_path('main.py', run_name='__main__')"
-
-
 def start_gated(tmp_path, args, np_=1):
-    """A run (np_ ranks) that takes its paths, then waits for tmp_path/go; its output files."""
+    """A run (np_ ranks) that takes its paths, then waits for tmp_path/go (its output in
+    tmp_path/first.out)."""
     prelude = GATE.format(wait_s=WAIT_S, go=str(tmp_path / "go"))
-    command = [sys.executable, "-c", code(args, prelude)]
+    command = [sys.executable, "-c", main_code(args, prelude)]
     if np_ > 1:
         command = horovodrun(np_, *command)
-    out = open(tmp_path / "first.out", "w")
-    proc = subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
-                            start_new_session=True,
-                            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
-                                     CUDA_VISIBLE_DEVICES=""))
-    return proc
+    with open(tmp_path / "first.out", "w") as out:
+        return subprocess.Popen(command, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True,
+                                env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3",
+                                         CUDA_VISIBLE_DEVICES=""))
 
 
 def holder_pid(path, proc) -> int:
@@ -87,12 +81,21 @@ def in_use(path, pid) -> str:
             f"wait for it to end or write elsewhere (lock: {path}.lock)")
 
 
-def refused_at_start(tmp_path, args, path, pid):
-    """The second run on path: one line naming path and holder, nothing trained."""
+def refused_at_start(tmp_path, args, path, pid, np_=1):
+    """The second run (np_ ranks) on path: one line naming path and holder (from each rank,
+    all ending together), nothing trained."""
     log = tmp_path / "second.json"
-    proc, errors = run(DLRM + args + ["--log_path", str(log)])
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert errors == [in_use(path, pid)]
+    args = DLRM + args + ["--log_path", str(log)]
+    if np_ == 1:
+        proc, errors = run(args)
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    else:  # the ranks' lines, prefixed `[rank]<stream>:` (horovodrun adds its own traceback)
+        proc = bounded_run(horovodrun(np_, *args), timeout=WAIT_S)
+        lines = [line.split(">:", 1)[1] for line in (proc.stdout + proc.stderr).splitlines()
+                 if line.startswith("[") and ">:" in line]
+        errors = [line for line in lines if line.startswith("error:")]
+        assert proc.returncode != 0 and "Traceback (most recent call last):" not in lines
+    assert errors == [in_use(path, pid)] * np_, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert not log.exists() or step_losses(log) == {}
 
 
@@ -112,17 +115,19 @@ def test_two_runs_on_one_checkpoint_path(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".lock") or ".tmp" in f]
 
 
-def test_a_two_rank_job_is_one_writer(tmp_path):
+@pytest.mark.parametrize("first_np,second_np", [(2, 1), (1, 2)])
+def test_a_two_rank_job_is_one_writer(tmp_path, first_np, second_np):
     require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
     path = str(tmp_path / "ck")
     train = ["--save_checkpoint_path", path, "--keep_best", "--collective_timeout_s", "200"]
     first = start_gated(tmp_path, DLRM + train + ["--log_path", str(tmp_path / "first.json")],
-                        np_=2)
+                        np_=first_np)
     try:
         pid = holder_pid(path, first)
-        assert psutil.Process(pid).environ().get("HOROVOD_RANK") == "0"  # rank 0 holds it
+        if first_np == 2:  # rank 0 holds the job's paths
+            assert psutil.Process(pid).environ().get("HOROVOD_RANK") == "0"
         assert holder_pid(path + ".best", first) == pid
-        refused_at_start(tmp_path, ["--save_checkpoint_path", path], path, pid)
+        refused_at_start(tmp_path, ["--save_checkpoint_path", path], path, pid, second_np)
         status, out = finish(first, tmp_path)
     finally:
         kill_tree(first)
