@@ -31,10 +31,11 @@ from interaction import INTERACTIONS, resolve_interaction, select_dot_implementa
 from lr_scheduler import schedule_from_flags
 from model import DLRM, ModelConfig
 from trainer import DlrmTrainer
-from training import checkpoint, loop
+from training import checkpoint, loop, outputs
 from training.checkpoint import CheckpointError
 from training.engine import DEFAULT_DIVERGENCE_FACTOR
 from training.export import export_saved_model
+from training.selection import best_state_path
 
 FLAGS = flags.FLAGS
 
@@ -330,22 +331,38 @@ def main(argv):
         if FLAGS.print_plan:
             print_plans(logger, comm.size)
             return 0
-        spec = dataset_spec()
-        plan, trainer = build(comm, spec)
-        own_flags = FLAGS.get_key_flags_for_module(sys.modules[__name__])
-        logger.parameters({f.name: f.value for f in own_flags} | {"world_size": comm.size})
-        position = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
-        if FLAGS.restore_checkpoint_path:
-            position = checkpoint.restore(FLAGS.restore_checkpoint_path, trainer)
-            logger.print(f"restored {FLAGS.restore_checkpoint_path} at step {position['step']}")
-            if FLAGS.continue_on_new_data:
-                position = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
-        with comm.waiting("the broadcast of the initial dense weights", 0):
-            comm.broadcast_variables(list(trainer.model.dense_variables().values()))
-        run_mode(trainer, spec, plan, comm, logger, position)
+        with outputs.claimed(comm, written_paths()):
+            build_and_run(comm, logger)
         return 0
     finally:
         logger.close()
+
+
+def written_paths() -> list:
+    """The paths this run writes (taken at its start: one writer per path)."""
+    if FLAGS.mode == "deploy":
+        return [FLAGS.saved_model_output_path]
+    if FLAGS.mode != "train" or not FLAGS.save_checkpoint_path:
+        return []
+    return [FLAGS.save_checkpoint_path] + (
+        [best_state_path(FLAGS.save_checkpoint_path)] if FLAGS.keep_best else [])
+
+
+def build_and_run(comm, logger) -> None:
+    """The model, restored when asked, and the mode run."""
+    spec = dataset_spec()
+    plan, trainer = build(comm, spec)
+    own_flags = FLAGS.get_key_flags_for_module(sys.modules[__name__])
+    logger.parameters({f.name: f.value for f in own_flags} | {"world_size": comm.size})
+    position = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
+    if FLAGS.restore_checkpoint_path:
+        position = checkpoint.restore(FLAGS.restore_checkpoint_path, trainer)
+        logger.print(f"restored {FLAGS.restore_checkpoint_path} at step {position['step']}")
+        if FLAGS.continue_on_new_data:
+            position = {"step": 0, "epoch": 0, "batch_in_epoch": 0}
+    with comm.waiting("the broadcast of the initial dense weights", 0):
+        comm.broadcast_variables(list(trainer.model.dense_variables().values()))
+    run_mode(trainer, spec, plan, comm, logger, position)
 
 
 def run():

@@ -3,8 +3,10 @@ the staged writer every dataset writer builds on, so a crash or a full disk neve
 an output behind."""
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import socket
 import tempfile
 
 
@@ -12,26 +14,64 @@ class FileError(ValueError):
     """An output that cannot be written as asked; the message names the path."""
 
 
+OLD = "-old"  # suffix of the previous output while publish() swaps the new one in
+
+
 class StagedDirectory:
     """An output directory built in a temporary sibling and renamed into place by publish(),
     so a crash never leaves half an output. A non-empty existing output is refused unless
-    overwrite=True, and then replaced only once the new one is complete. shared=True stages
-    in shared_tmp_dir(output_dir) (a stale one is cleared): a name that the other processes
-    of a multi-process writer know without being told."""
+    overwrite=True, and then replaced only once the new one is complete. Every staging is a
+    hidden sibling of its own, `.<name>.tmp-<token>`, so two writers never share one; token:
+    a name the other processes of a multi-process writer know (staging_dir), else a fresh
+    one."""
 
     @staticmethod
-    def shared_tmp_dir(output_dir: str) -> str:
-        return os.path.abspath(output_dir) + ".tmp"
+    def staging_prefix(output_dir: str) -> str:
+        output_dir = os.path.abspath(output_dir)
+        return os.path.join(os.path.dirname(output_dir),
+                            f".{os.path.basename(output_dir)}.tmp-")
 
-    @staticmethod
-    def interrupted_copies(output_dir: str) -> list:
-        """The directories a shared staging of output_dir leaves when killed inside publish(),
-        between its two renames: the new output (staged) and the previous one (set aside).
-        Either may be complete; the caller judges which."""
-        tmp = StagedDirectory.shared_tmp_dir(output_dir)
-        return [d for d in (tmp, tmp + "-old") if os.path.isdir(d)]
+    @classmethod
+    def staging_dir(cls, output_dir: str, token: str) -> str:
+        return cls.staging_prefix(output_dir) + token
 
-    def __init__(self, output_dir: str, overwrite: bool = False, shared: bool = False):
+    @classmethod
+    def interrupted_copies(cls, output_dir: str) -> list:
+        """Every staging directory of output_dir left beside it: by a writer killed while
+        staging (incomplete), or inside publish() between its two renames (the new output,
+        staged, and the previous one, set aside as `<staging>-old`: both complete)."""
+        prefix = cls.staging_prefix(output_dir)
+        parent, name = os.path.split(prefix)
+        if not os.path.isdir(parent):
+            return []
+        return sorted(os.path.join(parent, f) for f in os.listdir(parent)
+                      if f.startswith(name) and os.path.isdir(os.path.join(parent, f)))
+
+    @classmethod
+    def recover(cls, output_dir: str):
+        """When output_dir is missing because a publish() was killed between its renames,
+        move the new output it staged (complete: publish runs only once it is) into place
+        and drop the previous one it set aside; the copy moved, or None. For a writer of
+        output_dir: no one else may be publishing there."""
+        if os.path.exists(output_dir):
+            return None
+        staged = [c[:-len(OLD)] for c in cls.interrupted_copies(output_dir)
+                  if c.endswith(OLD) and os.path.isdir(c[:-len(OLD)])]
+        if not staged:
+            return None
+        newest = max(staged, key=os.path.getmtime)
+        os.rename(newest, os.path.abspath(output_dir))
+        shutil.rmtree(newest + OLD)
+        return newest
+
+    @classmethod
+    def clear(cls, output_dir: str) -> None:
+        """Remove the staging directories of writers that ended before publishing (only a
+        writer that holds the path may call it: no one else stages there)."""
+        for copy in cls.interrupted_copies(output_dir):
+            shutil.rmtree(copy, ignore_errors=True)
+
+    def __init__(self, output_dir: str, overwrite: bool = False, token: str = None):
         self.output_dir = os.path.abspath(output_dir)
         if os.path.exists(self.output_dir):
             if not os.path.isdir(self.output_dir):
@@ -39,22 +79,19 @@ class StagedDirectory:
             if os.listdir(self.output_dir) and not overwrite:
                 raise FileError(f"output {self.output_dir} exists and is not empty; "
                                    f"refusing to write into it (pass overwrite to replace it)")
-        parent = os.path.dirname(self.output_dir)
+        parent, prefix = os.path.split(self.staging_prefix(self.output_dir))
         os.makedirs(parent, exist_ok=True)
-        if shared:
-            self.tmp_dir = self.shared_tmp_dir(output_dir)
-            shutil.rmtree(self.tmp_dir, ignore_errors=True)
-            os.makedirs(self.tmp_dir)
+        if token is None:
+            self.tmp_dir = tempfile.mkdtemp(dir=parent, prefix=prefix)
         else:
-            self.tmp_dir = tempfile.mkdtemp(dir=parent,
-                                            prefix=f".{os.path.basename(self.output_dir)}.tmp-")
+            self.tmp_dir = self.staging_dir(self.output_dir, token)
+            os.makedirs(self.tmp_dir)
 
     def publish(self) -> None:
         """Swap the staged directory in. A kill between the two renames leaves no output at
-        its path, the new and previous ones beside it (interrupted_copies)."""
+        its path, the new and previous ones beside it (interrupted_copies, recover)."""
         if os.path.exists(self.output_dir):
-            old = self.tmp_dir + "-old"
-            shutil.rmtree(old, ignore_errors=True)  # left by a publish killed before its end
+            old = self.tmp_dir + OLD
             os.rename(self.output_dir, old)
             os.rename(self.tmp_dir, self.output_dir)
             shutil.rmtree(old)
@@ -148,3 +185,64 @@ def atomic_write_text(path: str, text: str) -> None:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+class OutputLock:
+    """One writer per output path: an OS lock (flock) on `<path>.lock` beside it, holding the
+    holder's "host pid". The kernel frees it when the holder ends, however it ends, so a
+    killed run never blocks the next one; a lock file it leaves behind is taken over."""
+
+    def __init__(self, path: str):
+        self.path = os.path.abspath(path)
+        self.file = self.path + ".lock"
+        self._fd = None
+
+    def acquire(self) -> None:
+        """Take the lock, or raise FileError naming the path and its holder."""
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        try:
+            while self._fd is None:
+                self._fd = self._take()
+            os.ftruncate(self._fd, 0)
+            os.write(self._fd, f"{socket.gethostname()} {os.getpid()}\n".encode())
+        except OSError as e:  # e.g. a full disk, a filesystem without locks
+            self.release()
+            raise write_error(self.path, e) from None
+
+    def _take(self):
+        """The locked file's descriptor; None when the holder before removed the file as it
+        was taken (then a new one is made)."""
+        fd = os.open(self.file, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 256).decode(errors="replace").split()
+            os.close(fd)
+            raise FileError(f"{self.path} is in use by another run ("
+                            + (f"host {holder[0]}, pid {holder[1]}" if len(holder) == 2
+                               else "not yet named") +
+                            f"); wait for it to end or write elsewhere (lock: "
+                            f"{self.file})") from None
+        except OSError:
+            os.close(fd)
+            raise
+        try:
+            same = os.path.samestat(os.fstat(fd), os.stat(self.file))
+        except FileNotFoundError:
+            same = False
+        if same:
+            return fd
+        os.close(fd)
+        return None
+
+    def release(self) -> None:
+        """Remove the lock file, then free it (a run taking the removed file sees it is no
+        longer at the path and makes a new one)."""
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self.file)
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = None

@@ -31,9 +31,10 @@ from sim.contract import SIM_CONTRACT
 from sim.data import model_shape, open_mapping
 from sim.model import SimConfig, SimModel
 from sim.trainer import SimTrainer, model_variables, step_batch
-from training import checkpoint, loop
+from training import checkpoint, loop, outputs
 from training.engine import DEFAULT_DIVERGENCE_FACTOR
 from training.export import export_saved_model
+from training.selection import best_state_path
 
 F = flags.FLAGS
 flags.DEFINE_enum("mode", "train", ["train", "inference"], "train, or benchmark inference "
@@ -272,6 +273,15 @@ def run(spec, comm, logger):
         export_saved_model(model, *export.serving(model, spec), F.export_path, "sim_serving")
 
 
+def written_paths() -> list:
+    """What training writes (taken at its start: one writer per path)."""
+    if F.mode != "train":
+        return []
+    best = [best_state_path(F.save_checkpoint_path)] if F.keep_best and \
+        F.save_checkpoint_path else []
+    return [F.save_checkpoint_path, F.export_path] + best
+
+
 def main(argv) -> int:
     """Errors of the inputs (spec, data, flags, checkpoint) end the run with one line."""
 
@@ -292,7 +302,8 @@ def train_or_infer():
     if F.dynamic_features:
         spec = spec.with_dynamic(F.dynamic_features, DynamicSpec(
             F.dynamic_min_count, pending_per_row=F.dynamic_pending_per_row))
-    run(spec, comm, logger)
+    with outputs.claimed(comm, written_paths()):
+        run(spec, comm, logger)
     if F.mode == "train" and comm.rank == 0:
         plot_log.plot(log_path, os.path.join(F.results_dir, "curves.png"))
     logger.close()

@@ -26,12 +26,17 @@ DLRM = [sys.executable, "main.py", "--dataset_type", "synthetic",
         "--batch_size", "128", "--valid_batch_size", "128", "--cpu"]
 
 
+def main_code(args, prelude="") -> str:
+    """Python running main.py with args[1:], after prelude (a simulated fault)."""
+    return f"import runpy, sys\n{textwrap.dedent(prelude)}\nsys.argv = {args[1:]!r}\n" \
+           f"runpy.run_path('main.py', run_name='__main__')"
+
+
 def run(args, prelude=""):
     """main.py (or a module) in a subprocess; prelude: Python run first (a simulated fault)."""
-    code = f"import runpy, sys\n{textwrap.dedent(prelude)}\nsys.argv = {args[1:]!r}\n" \
-           f"runpy.run_path('main.py', run_name='__main__')"
-    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
-                          text=True, timeout=300, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    proc = subprocess.run([sys.executable, "-c", main_code(args, prelude)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     return proc, errors
 
@@ -103,7 +108,8 @@ def test_a_full_disk_keeps_the_previous_checkpoint(saved, tmp_path):
     proc, errors = run(DLRM + ["--save_checkpoint_path", path, "--restore_checkpoint_path",
                                path, "--log_path", str(tmp_path / "log.json")], full_disk)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
-    assert len(errors) == 1 and errors[0].startswith(f"error: cannot write {path} ({path}.tmp/")
+    assert len(errors) == 1 and errors[0].startswith(f"error: cannot write {path} ({tmp_path}/"
+                                                     f".ck.tmp-")
     assert "No space left on device" in errors[0]
     assert meta(path) == before and leftovers(tmp_path) == []
 
@@ -145,8 +151,8 @@ def test_replica_faults_keep_the_previous_checkpoint(tmp_path, monkeypatch):
         open(file, "wb").write(b"half")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), file)
     monkeypatch.setattr(np, "savez", full_disk)
-    with pytest.raises(CheckpointError, match=f"^cannot write {path} \\({path}.tmp/arrays.npz\\)"
-                                              f": No space left on device"):
+    with pytest.raises(CheckpointError, match=f"^cannot write {path} \\({tmp_path}/\\.ck\\.tmp-"
+                                              f"\\w+/arrays.npz\\): No space left on device"):
         checkpoint.save_arrays(path, {"w": np.zeros(3, np.float32)}, {"position": 3},
                                OneProcess())
     arrays, saved_meta = checkpoint.load_arrays(path)
@@ -164,7 +170,7 @@ def test_a_save_killed_between_its_renames_is_recovered(tmp_path, capsys):
         real = os.rename
         def rename(src, dst):
             real(src, dst)
-            if dst.endswith(".tmp-old"):
+            if dst.endswith("-old"):
                 os._exit(9)  # killed between publish's two renames
         os.rename = rename
         checkpoint.save_arrays({path!r}, {{"w": np.full(2, 2.0)}}, {{"position": 2}}, OneProcess())
@@ -172,11 +178,12 @@ def test_a_save_killed_between_its_renames_is_recovered(tmp_path, capsys):
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], cwd=ROOT,
                           env=dict(os.environ, PYTHONPATH=f"{ROOT}:{ROOT}/tests"), timeout=120)
     assert proc.returncode == 9
-    assert not os.path.exists(path) and leftovers(tmp_path) == ["ck.tmp", "ck.tmp-old"]
+    new, old = leftovers(tmp_path)
+    assert not os.path.exists(path) and old == new + "-old" and new.startswith(".ck.tmp-")
     arrays, saved_meta = checkpoint.load_arrays(path)
     assert saved_meta["position"] == 2 and np.array_equal(arrays["w"], [2.0, 2.0])
     assert capsys.readouterr().out == (f"checkpoint: {path} is missing (a save was interrupted); "
-                                       f"restoring its complete copy {path}.tmp\n")
+                                       f"restoring its complete copy {tmp_path}/{new}\n")
     checkpoint.save_arrays(path, {"w": np.full(2, 3.0)}, {"position": 3}, OneProcess())
     assert meta(path)["position"] == 3 and leftovers(tmp_path) == []
 
@@ -184,8 +191,9 @@ def test_a_save_killed_between_its_renames_is_recovered(tmp_path, capsys):
 def test_an_incomplete_copy_is_never_restored(tmp_path):
     path = str(tmp_path / "ck")
     checkpoint.save_arrays(path, {"w": np.ones(2)}, {"position": 1}, OneProcess())
-    os.rename(path, path + ".tmp-old")
-    os.makedirs(path + ".tmp")  # the new copy, killed before its meta.json
-    np.save(os.path.join(path + ".tmp", "arrays.npz"), np.zeros(2))
+    staged = str(tmp_path / ".ck.tmp-killed")
+    os.rename(path, staged + "-old")
+    os.makedirs(staged)  # the new copy, killed before its meta.json
+    np.save(os.path.join(staged, "arrays.npz"), np.zeros(2))
     arrays, saved_meta = checkpoint.load_arrays(path)
     assert saved_meta["position"] == 1 and np.array_equal(arrays["w"], [1.0, 1.0])

@@ -106,7 +106,8 @@ def test_resume_gives_identical_losses(tmp_path):
     saved_at = [r["step"][1] for r in read_log(tmp_path / "first.json")
                 if r["type"] == "LOG" and "checkpoint_saved" in r["data"]]
     assert saved_at == [5, 10, 15, 17]  # every --checkpoint_steps, and at the end
-    assert not os.path.exists(str(ckpt) + ".tmp")
+    # no staging directory left, and the run's lock on the path freed with its file
+    assert sorted(os.listdir(tmp_path)) == ["ckpt", "first.json", "full.json"]
     assert saved_position(ckpt) == {"step": 17, "epoch": 1, "batch_in_epoch": 5}
     assert sorted(f for f in os.listdir(ckpt) if f.startswith("table_")) == \
         sorted([f"table_{t}.npy" for t in range(4)] + [f"table_{t}.{s}.npy" for t in range(4)

@@ -10,16 +10,18 @@ Layout of a checkpoint directory:
 Each rank writes the column slices and row ranges it holds into a temporary directory; rank 0
 joins the pieces of a table into its file in row chunks and renames the directory into place,
 so an interrupted save never leaves a half checkpoint (a kill between the renames of the swap
-is recovered from the complete copy beside the path: open_checkpoint). A state holding NaN or
-inf is never saved, and a failed write (a full disk) leaves the previous checkpoint; both are
-one CheckpointError on every rank. Restoring reads only the rows and columns a rank holds
-(memory-mapped). The directory must be visible to every rank (a shared filesystem).
+is recovered from the complete copy beside the path: open_checkpoint); each save stages in a
+directory of its own (`.<name>.tmp-<token>`). A state holding NaN or inf is never saved, and
+a failed write (a full disk) leaves the previous checkpoint; both are one CheckpointError on
+every rank. Restoring reads only the rows and columns a rank holds (memory-mapped). The
+directory must be visible to every rank (a shared filesystem).
 """
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import secrets
 import zipfile
 import zlib
 
@@ -72,8 +74,10 @@ def save(path: str, trainer, position: dict) -> None:
     stops all of them with the same CheckpointError and leaves the previous checkpoint."""
     comm = trainer.comm
     path = os.path.abspath(path)
-    staged = _agreed(comm, path, None, lambda: _stage(path) if comm.rank == 0 else None)
-    tmp = StagedDirectory.shared_tmp_dir(path)
+    token = _staging_token(comm)
+    staged = _agreed(comm, path, None,
+                     lambda: _stage(path, token) if comm.rank == 0 else None)
+    tmp = StagedDirectory.staging_dir(path, token)
     _agreed(comm, path, staged, lambda: _save_own_arrays(tmp, path, trainer))
     meta = _meta(trainer, position)
     _agreed(comm, path, staged, lambda: _finish(staged, trainer.model.plan,
@@ -81,9 +85,15 @@ def save(path: str, trainer, position: dict) -> None:
             if comm.rank == 0 else None)
 
 
-def _stage(path: str) -> StagedDirectory:
+def _staging_token(comm) -> str:
+    """A name for this save's staging directory, rank 0's, on every rank: unique, so that
+    two writers of one path never stage in the same directory."""
+    return f"{int(comm.broadcast_from_root(np.int64(secrets.randbits(62)))):016x}"
+
+
+def _stage(path: str, token: str = None) -> StagedDirectory:
     _recover_in_place(path)
-    return StagedDirectory(path, overwrite=True, shared=True)
+    return StagedDirectory(path, overwrite=True, token=token)
 
 
 def _agreed(comm, path: str, staged, stage):
@@ -369,15 +379,12 @@ def open_checkpoint(path: str, announce: bool = True) -> tuple:
 
 
 def _recover_in_place(path: str) -> None:
-    """Before a save stages over them: a complete copy an interrupted save left beside path
-    is moved to path, so the save that replaces it never destroys the newest checkpoint."""
-    if os.path.exists(path):
-        return
-    found = _complete_copy(path)
-    if found is not None:
-        os.rename(found[0], path)
-        print(f"checkpoint: moved the complete copy {found[0]} of an interrupted save back "
-              f"to {path}", flush=True)
+    """Before a save stages beside it: the complete copy an interrupted save left is moved
+    to path, so the save that replaces it never destroys the newest checkpoint."""
+    moved = StagedDirectory.recover(path)
+    if moved:
+        print(f"checkpoint: moved the complete copy {moved} of an interrupted save back to "
+              f"{path}", flush=True)
 
 
 def restore(path: str, trainer) -> dict:

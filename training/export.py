@@ -5,10 +5,12 @@ family's other outputs such as `out_of_range_ids`) is written into a staged dire
 into place, so a crash never leaves half an export."""
 from __future__ import annotations
 
+import os
+
 import tensorflow as tf
 
 from core.dynamic import DynamicTable
-from core.files import StagedDirectory
+from core.files import FileError, StagedDirectory, write_error
 
 
 class ServingModel(tf.Module):
@@ -38,10 +40,25 @@ def ids_in_range(ids, highest: int, counted=None) -> tuple:
 
 def export_saved_model(model, probabilities, signature: list, output_path: str,
                        name: str = "serving") -> None:
+    """A failed write (a full disk: TensorFlow's ResourceExhaustedError, or an OSError) is
+    one FileError naming output_path; the previous export stays."""
     for module in model.submodules:
         if isinstance(module, DynamicTable):  # the id -> row map travels with the model
             module.freeze()
     serving = ServingModel(model, probabilities, signature, name)
-    with StagedDirectory(output_path, overwrite=True) as staged:
-        tf.saved_model.save(serving, staged.tmp_dir,
-                            signatures={"serving_default": serving.serve})
+    try:
+        with StagedDirectory(output_path, overwrite=True) as staged:
+            tf.saved_model.save(serving, staged.tmp_dir,
+                                signatures={"serving_default": serving.serve})
+    except tf.errors.OpError as e:
+        raise export_error(output_path, e.message) from None
+    except OSError as e:
+        raise write_error(os.path.abspath(output_path), e) from None
+
+
+def export_error(output_path: str, reason: str) -> FileError:
+    """write_error's line for a failure TensorFlow reports (its message may span lines)."""
+    output_path = os.path.abspath(output_path)
+    return FileError(f"cannot write {output_path}: {' '.join(reason.split())}; nothing was "
+                     f"left half-written; the previous {os.path.basename(output_path)}, if "
+                     f"any, is kept")

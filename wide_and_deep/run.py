@@ -13,8 +13,9 @@ from core.parallel.placement import describe_routed_tables, plan_routed_tables
 from core.pipelines import DictPipeline
 from core.columnar import open_reader
 from core.sources import load_spec
-from training import checkpoint, loop
+from training import checkpoint, loop, outputs
 from training.export import export_saved_model
+from training.selection import best_state_path
 from wide_and_deep import export
 from wide_and_deep.contract import (MAP_CHANNEL, MULTIHOT_CHANNEL, ONEHOT_CHANNEL,
                                     WIDE_DEEP_CONTRACT, embedding_dims)
@@ -109,7 +110,19 @@ class Run:
                                keep_best=args.keep_best,
                                early_stopping_patience=args.early_stopping_patience)
 
+    def written_paths(self) -> list:
+        """What training writes (taken at its start: one writer per path)."""
+        args = self.args
+        if args.evaluate or args.benchmark:
+            return []
+        return [self.checkpoint_path, os.path.join(args.model_dir, "saved_model")] + (
+            [best_state_path(self.checkpoint_path)] if args.keep_best else [])
+
     def execute(self) -> None:
+        with outputs.claimed(self.comm, self.written_paths()):
+            self._execute()
+
+    def _execute(self) -> None:
         args = self.args
         self.logger.parameters(dict(vars(args), world_size=self.comm.size,
                                     parameters=parameter_count(self.config)))

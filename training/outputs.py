@@ -1,0 +1,67 @@
+"""One writer per output path. A run takes every path it will write (checkpoint, its `.best`
+sibling, export) at its start, before it trains, and holds them until it ends: a second run
+aiming at a path in use ends at once with one line naming the path and the holder, instead
+of the two overwriting each other's saves. The ranks of one job are one writer: rank 0 takes
+the locks (core.files.OutputLock) and every rank learns the outcome, so all end together
+(each with rank 0's line).
+
+Holding a path, rank 0 also finishes what a killed writer left there: an output missing
+because a publish was killed between its renames is moved back (saying so), and staging
+directories of writers that died are removed."""
+from __future__ import annotations
+
+import contextlib
+import os
+
+import numpy as np
+
+from core.files import FileError, OutputLock, StagedDirectory, write_error
+
+MESSAGE_BYTES = 1024  # the refusal travels to every rank in a fixed-size broadcast
+
+
+@contextlib.contextmanager
+def claimed(comm, paths):
+    """Hold every path of `paths` (None entries: nothing to write) for the block; a
+    collective: every rank enters it alike. A path in use, or one that cannot be locked,
+    raises FileError on every rank with rank 0's message."""
+    paths, locks = sorted({os.path.abspath(p) for p in paths if p}), []
+    try:
+        problem = _lock_all(paths, locks) if comm.rank == 0 else ""
+        with comm.waiting("the claim of the output paths", 0):
+            problem = _shared_text(comm, problem)
+        if problem:
+            raise FileError(problem)
+        yield
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
+def _lock_all(paths: list, locks: list) -> str:
+    """Lock and tidy every path (its lock appended to locks); the first failure's message."""
+    for path in paths:
+        try:
+            lock = OutputLock(path)
+            lock.acquire()
+            locks.append(lock)
+            _tidy(path)
+        except FileError as e:
+            return str(e)
+        except OSError as e:
+            return str(write_error(path, e))
+    return ""
+
+
+def _tidy(path: str) -> None:
+    moved = StagedDirectory.recover(path)
+    if moved:
+        print(f"{path}: moved back the complete copy {moved} that an interrupted write left "
+              f"beside it", flush=True)
+    StagedDirectory.clear(path)
+
+
+def _shared_text(comm, text: str) -> str:
+    """Rank 0's text on every rank."""
+    data = np.frombuffer(text.encode()[:MESSAGE_BYTES].ljust(MESSAGE_BYTES, b"\0"), np.uint8)
+    return bytes(comm.broadcast_from_root(data)).rstrip(b"\0").decode(errors="replace")
