@@ -29,7 +29,11 @@ class SGD:
                                                 delta=grad)
 
     def apply_sparse(self, var, grad: tf.IndexedSlices, lr, distinct_rows=False):
-        # ResourceScatterSub adds duplicate indices' contributions: exactly the summed gradient.
+        # both add duplicate indices' contributions: exactly the summed gradient
+        sgd_rows = fused_ops.sgd_rows(var)
+        if sgd_rows is not None and grad.values.dtype == tf.float32:
+            sgd_rows(var.handle, grad.indices, grad.values, tf.cast(lr, tf.float32))
+            return
         var.scatter_sub(tf.IndexedSlices(lr * grad.values, grad.indices, grad.dense_shape))
 
     def finish_step(self):
