@@ -1,8 +1,9 @@
-# Training image. CPU by default; for NVIDIA GPUs build with
-#   docker build --build-arg BASE=nvidia/cuda:12.3.2-cudnn9-devel-ubuntu22.04 \
+# Training image: TensorFlow 2.21 on Python 3.10-3.13 (the base's python3). CPU by default;
+# for NVIDIA GPUs build with
+#   docker build --build-arg BASE=nvidia/cuda:12.5.1-cudnn-devel-ubuntu22.04 \
 #                --build-arg DLRM_DEVICE=gpu -t dlrm-tf2:gpu .
 # (the GPU flavour installs tensorflow[and-cuda], builds horovod with NCCL and the CUDA
-# dot-interaction op).
+# dot-interaction op; TensorFlow 2.21's CUDA wheels are 12.5+, Ubuntu 22.04's Python 3.10).
 ARG BASE=python:3.11-bookworm
 FROM ${BASE}
 ARG DLRM_DEVICE=cpu
@@ -14,7 +15,7 @@ RUN apt-get update && apt-get install -y --no-install-recommends \
 WORKDIR /workspace/dlrm
 # dependencies first, so code changes do not rebuild horovod
 COPY requirements.txt ./
-COPY tools/setup_env.sh tools/
+COPY tools/setup_env.sh tools/horovod-0.28.1-tf2.21.patch tools/
 RUN DLRM_DEVICE=${DLRM_DEVICE} bash tools/setup_env.sh
 COPY . .
 RUN TF_CPP_MIN_LOG_LEVEL=2 .venv/bin/python -m core.fused_ops --build

@@ -9,6 +9,9 @@ sets it gets). `ours_amp_bf16` is `--amp` forced to bfloat16 (DLRM_CPU_AMP=bfloa
 the CPU. Each run also measures the machine's matmul peak (bench/rates.py: a chain of 4096^2
 matmuls in float32 and bfloat16, its own process) and prints every variant's step as a fraction of the peak at its
 dtype (FLOP per sample from the shape, forward + backward).
+`--worker ours_inference` (a worker only, not in the table below) times `ours`'s forward pass
+(the trainer's predict, what evaluation and serving run) on the same batches: the DLRM
+inference figure of bench/compare_commits.py.
 `ours_dynamic` is `ours` with every table dynamic (open vocabulary, capacity 100k rows, ids
 as scattered 64-bit values): its ratio to `ours` is what learning the ids costs; the run then
 also measures the id -> row map's memory per entry.
@@ -84,7 +87,7 @@ def batches(batch_size: int, count: int, hashed_ids: bool = False):
     return out
 
 
-def ours(xla: bool, amp: bool = False, dynamic: bool = False):
+def ours(xla: bool, amp: bool = False, dynamic: bool = False, inference: bool = False):
     from core.feature_spec import DynamicSpec
     from core.optimizers import LearningRateSchedule
     from core.parallel.placement import make_plan
@@ -94,6 +97,8 @@ def ours(xla: bool, amp: bool = False, dynamic: bool = False):
                          dynamic=(DynamicSpec(),) * NUM_TABLES if dynamic else ())
     model = DLRM(config, make_plan(config.cardinalities, DIM))
     trainer = DlrmTrainer(model, "sgd", LearningRateSchedule(0.1, 0, 0, 0), amp=amp, xla=xla)
+    if inference:
+        return lambda batch, _: trainer.predict(batch)
     return lambda batch, step: trainer.train_step(batch, step)
 
 
@@ -147,7 +152,8 @@ def worker(variant: str, batch_size: int, steps: int, profile: bool = False):
                 "ours_amp_bf16": lambda: ours(False, amp=True), "naive_keras": naive_keras,
                 "naive_keras_onednn": naive_keras,
                 "naive_keras_bf16": lambda: naive_keras("mixed_bfloat16"),
-                "ours_dynamic": lambda: ours(False, dynamic=True)}
+                "ours_dynamic": lambda: ours(False, dynamic=True),
+                "ours_inference": lambda: ours(False, inference=True)}
     if variant == "map_memory":
         return map_bytes_per_entry()
     step_fn, data = builders[variant](), batches(batch_size, 4, variant == "ours_dynamic")

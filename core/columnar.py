@@ -572,13 +572,15 @@ class ColumnarWriter(StagedWriter):
         rows concatenated (a fixed-length history of d values: rows x d values)."""
         import tensorflow as tf
         bounds = np.arange(0, rows + rows_per_record, rows_per_record).clip(max=rows)
+        kinds = {name: self.spec.dtype(name).kind == "f" for name in columns}
         lists = {}
         for name, value in columns.items():
             flat, lengths = value if isinstance(value, tuple) else (value, np.ones(rows, int))
             offsets = np.concatenate([[0], np.cumsum(lengths)])[bounds]
-            flat = flat.tolist()
+            # protobuf 6 (TensorFlow 2.18+) refuses Python bools in an Int64List: bool
+            # columns (labels) go in as 0/1
+            flat = (flat if kinds[name] else flat.astype(np.int64, copy=False)).tolist()
             lists[name] = [flat[a:b] for a, b in zip(offsets[:-1], offsets[1:])]
-        kinds = {name: self.spec.dtype(name).kind == "f" for name in columns}
         with tf.io.TFRecordWriter(path) as out:
             for record in range(len(bounds) - 1):
                 feature = {name: (tf.train.Feature(float_list=tf.train.FloatList(
@@ -586,8 +588,10 @@ class ColumnarWriter(StagedWriter):
                                   tf.train.Feature(int64_list=tf.train.Int64List(
                                       value=v[record])))
                            for name, v in lists.items()}
+                # deterministic: the features in key order (protobuf's own map order
+                # varies from process to process), so the same rows give the same file
                 out.write(tf.train.Example(features=tf.train.Features(feature=feature))
-                          .SerializeToString())
+                          .SerializeToString(deterministic=True))
 
     def _finish_files(self) -> None:
         for mapping, carry in self._carry.items():

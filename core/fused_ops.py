@@ -1,7 +1,7 @@
 """The project's own CPU kernels (ops/<name>.cc -> build/<name>.so), compiled against the
 installed TensorFlow by `python -m core.fused_ops --build` (tools/setup_env.sh runs it).
 Where a library is not built, or the work runs on a GPU, callers take the TensorFlow-op
-path, which computes the same thing more slowly: `lazy_adam_rows(var)` and
+path, which computes the same thing more slowly: `lazy_adam_rows(var)`, `sgd_rows(var)` and
 `recurrent_cells()` return None then, `segment_sum_rows` and `distinct_ids` call
 TensorFlow's ops.
 """
@@ -18,7 +18,7 @@ import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 # one library per source: build/<name>.so from ops/<name>.cc
-KERNELS = ("lazy_adam_rows", "recurrent_cells", "segment_sum_rows", "distinct_ids")
+KERNELS = ("lazy_adam_rows", "sgd_rows", "recurrent_cells", "segment_sum_rows", "distinct_ids")
 _loaded = {}
 
 
@@ -86,6 +86,15 @@ def lazy_adam_rows(var):
     if lib is None or var.dtype != tf.float32 or "GPU" in var.device.upper():
         return None
     return lib.lazy_adam_rows
+
+
+@tf.autograph.experimental.do_not_convert
+def sgd_rows(var):
+    """The SgdRows op (ops/sgd_rows.cc) for a float32 table in host memory, else None."""
+    lib = library("sgd_rows")
+    if lib is None or var.dtype != tf.float32 or "GPU" in var.device.upper():
+        return None
+    return lib.sgd_rows
 
 
 @tf.autograph.experimental.do_not_convert

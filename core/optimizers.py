@@ -29,7 +29,11 @@ class SGD:
                                                 delta=grad)
 
     def apply_sparse(self, var, grad: tf.IndexedSlices, lr, distinct_rows=False):
-        # ResourceScatterSub adds duplicate indices' contributions: exactly the summed gradient.
+        # both add duplicate indices' contributions: exactly the summed gradient
+        sgd_rows = fused_ops.sgd_rows(var)
+        if sgd_rows is not None and grad.values.dtype == tf.float32:
+            sgd_rows(var.handle, grad.indices, grad.values, tf.cast(lr, tf.float32))
+            return
         var.scatter_sub(tf.IndexedSlices(lr * grad.values, grad.indices, grad.dense_shape))
 
     def finish_step(self):
@@ -253,7 +257,12 @@ class RMSProp:
         rows, g = (grad.indices, grad.values) if distinct_rows else _unique_rows(var, grad)
         new_ms, step = self._step(tf.gather(ms, rows), g, lr)
         ms.scatter_update(tf.IndexedSlices(new_ms, rows))
-        var.scatter_sub(tf.IndexedSlices(step, rows))
+        sgd_rows = fused_ops.sgd_rows(var)
+        if sgd_rows is not None and step.dtype == tf.float32:
+            # var[rows] -= 1 * step: ResourceScatterSub's bits, without its TF 2.21 slowness
+            sgd_rows(var.handle, rows, step, tf.constant(1.0))
+        else:
+            var.scatter_sub(tf.IndexedSlices(step, rows))
 
     def finish_step(self):
         pass

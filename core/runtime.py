@@ -10,11 +10,18 @@ TensorFlow's 5.5 s import on a 2-core AMD EPYC, paid by every process (each rank
 import_tensorflow() (the training CLIs' first call) imports TensorFlow with both hidden from
 it; they import normally afterwards. configure() alone imports nothing: tools that may not
 need TensorFlow call that.
+
+TensorFlow 2.18+ logs its start-up through absl before absl's logging is initialised, where
+TF_CPP_MIN_LOG_LEVEL has no effect: every import wrote absl's preamble and an INFO line on
+oneDNN to stderr, twice, ahead of a CLI's one-line `error:`. import_tensorflow() applies the
+variable's level to the lines the import writes.
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
+import tempfile
 
 DEFAULTS = {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
 KERAS_OPTIONAL_IMPORTS = ("sklearn", "matplotlib.pyplot")
@@ -38,10 +45,43 @@ def import_tensorflow() -> None:
     for name in hidden:
         sys.modules[name] = None  # `import name` raises ImportError: Keras skips it
     try:
-        import tensorflow  # noqa: F401
+        _import_at_log_level()
     finally:
         for name in hidden:
             del sys.modules[name]
+
+
+ABSL_PREAMBLE = "WARNING: All log messages before absl::InitializeLog() is called"
+
+
+def _below_level(line: str, level: int) -> bool:
+    """Whether TF_CPP_MIN_LOG_LEVEL `level` hides this line of absl's (0 shows all; 1 hides
+    INFO, 2 also WARNING, 3 also ERROR)."""
+    if line.startswith(ABSL_PREAMBLE):
+        return level > 0
+    severity = re.match(r"([IWEF])\d{4} ", line)
+    return bool(severity) and "IWEF".index(severity.group(1)) < level
+
+
+def _import_at_log_level() -> None:
+    """import tensorflow with its stderr (file descriptor 2: the C++ side writes there)
+    caught in a file, then written out less the lines below TF_CPP_MIN_LOG_LEVEL."""
+    level = os.environ.get("TF_CPP_MIN_LOG_LEVEL", "0")
+    level = int(level) if level.isdigit() else 0
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as caught:
+        os.dup2(caught.fileno(), 2)
+        try:
+            import tensorflow  # noqa: F401
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            caught.seek(0)
+            lines = caught.read().decode(errors="replace").splitlines(keepends=True)
+            sys.stderr.write("".join(line for line in lines if not _below_level(line, level)))
+            sys.stderr.flush()
 
 
 def cpu_flags(path: str = "/proc/cpuinfo") -> set:

@@ -1,6 +1,7 @@
-"""The project's CPU kernel for lazy Adam (ops/lazy_adam_rows.cc) against numpy, beside the
-TensorFlow-op path it replaces: plain and weight-decayed, eager and in a tf.function, a read
-taken before the update left as it was, a bad row refused."""
+"""The project's CPU kernels for lazy Adam (ops/lazy_adam_rows.cc) and SGD's row update
+(ops/sgd_rows.cc) against numpy, beside the TensorFlow-op path they replace: plain and
+weight-decayed, eager and in a tf.function, a read taken before the update left as it was, a
+bad row refused."""
 import numpy as np
 import pytest
 
@@ -11,10 +12,11 @@ import tensorflow as tf  # noqa: E402
 
 from conftest import require_or_skip  # noqa: E402
 from core import fused_ops  # noqa: E402
-from core.optimizers import Adam, AdamW  # noqa: E402
+from core.optimizers import SGD, Adam, AdamW  # noqa: E402
 
-require_or_skip(fused_ops.is_current("lazy_adam_rows"), "build/lazy_adam_rows.so is not built from "
-                "ops/lazy_adam_rows.cc (python -m core.fused_ops --build)")
+for kernel in ("lazy_adam_rows", "sgd_rows"):
+    require_or_skip(fused_ops.is_current(kernel), f"build/{kernel}.so is not built from "
+                    f"ops/{kernel}.cc (python -m core.fused_ops --build)")
 
 
 def numpy_lazy_adam(table, steps, lr, weight_decay, b1=0.9, b2=0.999, eps=1e-8):
@@ -57,6 +59,40 @@ def test_lazy_adam_rows_match_numpy(path, weight_decay, compiled, monkeypatch):
     np.testing.assert_allclose(table.numpy(), numpy_lazy_adam(table0, steps, 0.01, weight_decay),
                                rtol=2e-5, atol=1e-6)
     np.testing.assert_array_equal(table.numpy()[40:], table0[40:])
+
+
+@pytest.mark.parametrize("path", ["fused", "tensorflow ops"])
+@pytest.mark.parametrize("compiled", [False, True])
+def test_sgd_rows_match_numpy_bit_for_bit(path, compiled, monkeypatch):
+    """Rows listed twice get both steps; float32 as numpy computes it (lr * g rounded, then
+    subtracted), so the kernel and the op path give the same bits."""
+    if path == "tensorflow ops":
+        monkeypatch.setattr(fused_ops, "sgd_rows", lambda var: None)
+    rng = np.random.default_rng(5)
+    table0 = rng.standard_normal((50, 6)).astype(np.float32)
+    table = tf.Variable(table0)
+    assert (fused_ops.sgd_rows(table) is None) == (path == "tensorflow ops")
+    expected, lr = table0.copy(), np.float32(0.3)
+    update = lambda rows, grads: SGD().apply_sparse(table, tf.IndexedSlices(grads, rows),
+                                                    tf.constant(lr))  # noqa: E731
+    run = tf.function(update) if compiled else update
+    for dtype in (np.int32, np.int64):
+        rows = rng.integers(0, 40, 30).astype(dtype)  # duplicates; rows 40.. never updated
+        grads = rng.standard_normal((30, 6)).astype(np.float32)
+        run(tf.constant(rows), tf.constant(grads))
+        for r, g in zip(rows, grads):
+            expected[r] -= lr * g
+    np.testing.assert_array_equal(table.numpy(), expected)
+
+
+def test_sgd_rows_keep_a_read_before_and_refuse_a_row_outside():
+    table = tf.Variable(tf.ones([8, 4]))
+    before = table.read_value()  # may share the variable's buffer
+    SGD().apply_sparse(table, tf.IndexedSlices(tf.ones([2, 4]), tf.constant([1, 5])), 0.5)
+    np.testing.assert_array_equal(before.numpy(), np.ones([8, 4]))
+    assert table.numpy()[1, 0] == 0.5 and table.numpy()[0, 0] == 1
+    with pytest.raises(tf.errors.InvalidArgumentError, match="row 9 outside"):
+        SGD().apply_sparse(table, tf.IndexedSlices(tf.ones([1, 4]), tf.constant([9])), 0.5)
 
 
 def test_a_read_before_the_update_keeps_its_values():

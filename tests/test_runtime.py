@@ -1,5 +1,7 @@
 """core.runtime.import_tensorflow: TensorFlow's import without the modules Keras imports
-only for features the toolkit does not use, which stay importable afterwards."""
+only for features the toolkit does not use, which stay importable afterwards, and with its
+start-up log lines at TF_CPP_MIN_LOG_LEVEL's level."""
+import os
 import subprocess
 import sys
 
@@ -21,3 +23,26 @@ def test_tensorflow_is_imported_without_sklearn_and_pyplot_which_import_afterwar
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[:2] == ["True []", "1.0 True"]
+
+
+QUIET = """
+import sys
+from core import runtime
+runtime.import_tensorflow()
+print("after the import", file=sys.stderr)
+"""
+
+
+def test_import_writes_only_the_log_lines_at_or_above_the_level():
+    def stderr(level):
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL=level, TF_ENABLE_ONEDNN_OPTS="1")
+        proc = subprocess.run([sys.executable, "-c", QUIET], cwd=ROOT, capture_output=True,
+                              text=True, timeout=120, env=env)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        return proc.stderr
+    assert stderr("2") == "after the import\n"  # the toolkit's default
+    # level 0 shows TensorFlow's INFO line on oneDNN, which the pinned TensorFlow logs
+    shown = stderr("0").splitlines()
+    assert shown[-1] == "after the import"
+    assert any(line.startswith("I") and "oneDNN custom operations are on" in line
+               for line in shown)

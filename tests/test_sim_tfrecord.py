@@ -216,7 +216,9 @@ def byo_parquet(directory, train_rows, test_rows=10):
     out = {}
     for mapping, n in (("train", train_rows), ("test", test_rows)):
         rows = reference_rows(n, seed=n)
-        rows["label"] = np.arange(n) % 2  # label-0 rows: serializations ending in NUL
+        # the writer serializes features in key order, user_feat_0 last: user-0 rows are
+        # serializations ending in NUL
+        rows["user_feat_0"][::2] = 0
         os.makedirs(os.path.join(directory, mapping))
         table = {"lbl": rows["label"], "uid": rows["user_feat_0"],
                  "item": rows["item_feat_0_trgt"], "cat": rows["item_feat_1_trgt"]}

@@ -25,7 +25,8 @@ def with_unseen_test_ids(dataset, out):
     for path in sorted(os.listdir(os.path.join(out, "test"))):
         path = os.path.join(out, "test", path)
         frame = pd.read_parquet(path)
-        frame["multihot_0"] = [np.asarray(v) + 10**12 for v in frame["multihot_0"]]
+        # int64 first: the stored ids are int8, and NumPy 2 does not widen for a large int
+        frame["multihot_0"] = [np.asarray(v, np.int64) + 10**12 for v in frame["multihot_0"]]
         frame.to_parquet(path, row_group_size=1 << 16)
     return out
 

@@ -179,3 +179,25 @@ def test_rmsprop_sparse_rows_and_dense_match_numpy():
     np.testing.assert_allclose(dense_var.numpy(), dw, rtol=1e-5, atol=1e-6)
     untouched = np.setdiff1d(np.arange(10), [1, 4, 7])
     np.testing.assert_array_equal(var.numpy()[untouched], init[untouched])
+
+
+def test_projected_rows_summed_and_their_gradient_match_numpy():
+    """The first layer's sum of projected rows (a row may go to several segments, a segment
+    take several rows; segment 4 none) and its own gradient against np.add.at."""
+    from wide_and_deep.model import _rows_summed
+    rng = np.random.default_rng(7)
+    data = rng.standard_normal((6, 5)).astype(np.float32)
+    indices = np.array([0, 2, 2, 5, 1, 0, 3], np.int32)
+    segments = np.array([0, 0, 1, 1, 2, 3, 5], np.int32)
+    upstream = rng.standard_normal((6, 5)).astype(np.float32)
+    rows = tf.constant(data)
+    with tf.GradientTape() as tape:
+        tape.watch(rows)
+        out = _rows_summed(rows, tf.constant(indices), tf.constant(segments), 6)
+        loss = tf.reduce_sum(out * upstream)
+    expected = np.zeros((6, 5), np.float32)
+    np.add.at(expected, segments, data[indices])
+    np.testing.assert_allclose(out.numpy(), expected, rtol=1e-6)
+    grad = np.zeros_like(data)
+    np.add.at(grad, indices, upstream[segments])
+    np.testing.assert_allclose(tape.gradient(loss, rows).numpy(), grad, rtol=1e-6)

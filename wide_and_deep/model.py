@@ -316,14 +316,26 @@ class WideDeepModel(tf.Module):
             projected = tf.concat([tf.matmul(tf.cast(u, dtype), kernel[rows])
                                    for u, rows in zip(unique, projected_slices)], axis=0)
             positions, segments = layout
-            product += tf.sparse.segment_sum(projected, positions, segments,
-                                             num_segments=tf.shape(product)[0])
+            product += _rows_summed(projected, positions, segments, tf.shape(product)[0])
         return product
 
     def __call__(self, batch: dict, compute_dtype=tf.float32):
         wide, embeddings, layout = self.lookup(batch)
         return self.logits(self.numerical(batch), wide, embeddings, layout,
                            compute_dtype=compute_dtype)
+
+
+def _rows_summed(data, indices, segment_ids, num_segments):
+    """tf.sparse.segment_sum(data, indices, segment_ids, num_segments) with its gradient as a
+    gather and SegmentSumRows: TensorFlow 2.21's SparseSegmentSumGrad takes about 5x 2.17's
+    time here, most of the W&D step's slow-down (bench/results/tf221_vs_tf217.txt)."""
+    @tf.custom_gradient
+    def summed(rows):
+        def grad(upstream):  # rows[indices[i]] went into segment segment_ids[i]
+            return fused_ops.segment_sum_rows(tf.gather(upstream, segment_ids), indices,
+                                              tf.shape(rows)[0])
+        return tf.sparse.segment_sum(rows, indices, segment_ids, num_segments=num_segments), grad
+    return summed(data)
 
 
 def routed_lookup_name(feature: str) -> str:
