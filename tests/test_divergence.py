@@ -142,8 +142,9 @@ def test_learning_rate_1e30_is_one_error_line_and_nothing_is_written(family, fac
     line = error_line(run(args + given))
     assert line.startswith("error: loss became") and "at step " in line, line
     assert f"--divergence_factor {factor or 1000})" in line and HINTS[family] in line, line
-    for path in outputs:
-        assert not os.path.exists(path), f"{path} written after divergence"
+    for path in outputs:  # a directory the run's output lock made may be left, empty
+        assert not os.path.exists(path) or (os.path.isdir(path) and not os.listdir(path)), \
+            f"{path} written after divergence: {os.listdir(path)}"
 
 
 @pytest.mark.parametrize("family", ["dlrm", "wide_deep_linear", "sim_din"])
