@@ -1,5 +1,5 @@
 """Training curves from a DLLogger log: loss per step (labelled with what the run's loss
-is), AUC (and MAP@12 when logged) per evaluation, with the kept (or best) evaluation marked,
+is), AUC (and MAP@12 when logged; retrieval: NDCG@10 and HR@10) per evaluation, with the kept (or best) evaluation marked,
 as a PNG.
 
   python plot_log.py dlrm_log.json --out curves.png
@@ -16,7 +16,9 @@ from core.dllog import read_log
 
 # evaluation metrics drawn when the log has them: key -> (panel title, y label)
 EVAL_PANELS = {"auc": ("evaluation AUC", "ROC AUC"),
-               "map12": ("evaluation MAP@12", "mean average precision at 12")}
+               "map12": ("evaluation MAP@12", "mean average precision at 12"),
+               "ndcg@10": ("evaluation NDCG@10", "NDCG at 10 (full ranking)"),
+               "hr@10": ("evaluation HR@10", "hit rate at 10 (full ranking)")}
 
 
 def curves(records):
@@ -55,7 +57,7 @@ def run_facts(records) -> tuple:
 
 
 def plot(log_path: str, out_path: str) -> None:
-    """Training loss, then one panel per evaluation metric found (AUC always drawn)."""
+    """Training loss, then one panel per evaluation metric found (AUC when none is)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -63,8 +65,8 @@ def plot(log_path: str, out_path: str) -> None:
     loss, evals = curves(records)
     loss_name, marked, held_out = run_facts(records)
     if not loss and not evals:
-        raise ValueError(f"{log_path}: no loss, auc or map12 records to plot")
-    panels = ["auc"] + [k for k in evals if k != "auc"]
+        raise ValueError(f"{log_path}: no loss or {', '.join(EVAL_PANELS)} records to plot")
+    panels = list(evals) or ["auc"]
     fig, axes = plt.subplots(1, 1 + len(panels), figsize=(5.5 * (1 + len(panels)), 4))
     if loss:
         axes[0].plot(*zip(*loss), color="tab:blue")

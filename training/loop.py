@@ -106,14 +106,19 @@ def _concat(arrays):
     return np.concatenate(arrays) if arrays else np.zeros(0)
 
 
-# an evaluation's keys -> the held-out test's (the final record holds both)
-TEST_KEYS = {"auc": "test_auc", "validation_loss": "test_loss", "eval_samples": "test_samples",
-             "map12": "test_map12"}
+# an evaluation's keys -> the held-out test's (the final record holds both); any other key k
+# (retrieval's hr@K, ndcg@K, mrr) -> test_k
+TEST_KEYS = {"validation_loss": "test_loss", "eval_samples": "test_samples"}
+# the figures a progress line shows, when an evaluation has them
+SHOWN = ("train_loss", "auc", "validation_loss", "map12", "hr@10", "ndcg@10")
+
+
+def test_key(key: str) -> str:
+    return TEST_KEYS.get(key, f"test_{key}")
 
 
 def metrics_text(metrics: dict) -> str:
-    return "  ".join(f"{k} {metrics[k]:.6f}" for k in
-                     ("train_loss", "auc", "validation_loss", "map12") if k in metrics)
+    return "  ".join(f"{k} {metrics[k]:.6f}" for k in SHOWN if k in metrics)
 
 
 def log_result(logger, title: str, metrics: dict) -> None:
@@ -358,10 +363,9 @@ class _Run:
             return {}
         with self.trainer.comm.waiting("the held-out test (gather and broadcast)", self.step):
             figures = self.test()
-        held_out = {TEST_KEYS[k]: v for k, v in figures.items() if k in TEST_KEYS}
+        held_out = {test_key(k): v for k, v in figures.items()}
         self.logger.print(f"held-out test at the final state (step {self.step}): " + "  ".join(
-            f"{k} {held_out[k]:.6f}" for k in ("test_auc", "test_loss", "test_map12")
-            if k in held_out))
+            f"{test_key(k)} {figures[k]:.6f}" for k in SHOWN[1:] if k in figures))
         return held_out
 
     def _kept_fields(self) -> dict:

@@ -1,0 +1,213 @@
+"""Next-item retrieval: train SASRec or HSTU on a prepared dataset (retrieval.prepare_dataset),
+evaluate by full ranking, export a top-k SavedModel.
+
+  python -m retrieval.main --model hstu --dataset_dir DATA --output_dir OUT
+  python -m retrieval.main --model hstu --dataset_dir DATA --output_dir OUT --mode export
+  horovodrun -np 2 -H localhost:2 python -m retrieval.main --model sasrec ...
+
+Training selects the epoch of the best validation NDCG@10 (early stopping after
+--early_stopping_patience evaluations without a better one), ends on that state
+(OUT/checkpoint) and writes OUT/results.json: {"valid": {...}, "test": {...}, "best_epoch": N},
+the test figures read once, at the kept state.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from core import runtime
+
+runtime.import_tensorflow()  # its settings first
+
+# flake8: noqa: E402 (imports after the runtime settings)
+import numpy as np
+import tensorflow as tf
+from absl import app, flags
+
+from core import plot_log
+from core.cli import exit_process, run_cli
+from core.dllog import DLLogger
+from core.files import atomic_write_text
+from core.parallel.comm import make_communicator
+from core.sources import load_spec
+from retrieval import export
+from retrieval.batches import RowBatches
+from retrieval.contract import RETRIEVAL_CONTRACT
+from retrieval.data import catalogue, read_sequences
+from retrieval.metrics import METRIC_KEYS
+from retrieval.model import MODELS, Encoder, RetrievalConfig
+from retrieval.trainer import ITEM_IDS, RetrievalTrainer
+from training import checkpoint, loop, outputs
+from training.engine import DEFAULT_DIVERGENCE_FACTOR
+from training.selection import best_state_path
+
+F = flags.FLAGS
+flags.DEFINE_enum("model", "hstu", list(MODELS), "sasrec: causal softmax self-attention; "
+                  "hstu: Meta's generative-recommender layer")
+flags.DEFINE_enum("mode", "train", ["train", "eval", "export"], "train; eval: the kept "
+                  "state's validation and test figures; export: its SavedModel to "
+                  "OUT/saved_model")
+flags.DEFINE_string("dataset_dir", None, "A dataset written by retrieval.prepare_dataset")
+flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Spec, relative to --dataset_dir")
+flags.DEFINE_string("output_dir", None, "Checkpoint, results.json, log, curves, SavedModel")
+flags.DEFINE_integer("max_sequence_length", 50, "History positions the model reads (the "
+                     "most recent)", lower_bound=1)
+flags.DEFINE_integer("embedding_dim", 64, "Width of the item table and the blocks",
+                     lower_bound=1)
+flags.DEFINE_integer("num_blocks", 2, "Attention blocks", lower_bound=1)
+flags.DEFINE_integer("num_heads", 1, "Attention heads", lower_bound=1)
+flags.DEFINE_float("dropout_rate", 0.3, "Dropout of the embedded input and every residual "
+                   "branch")
+flags.DEFINE_float("attention_dropout", 0.0, "Dropout of the attention weights")
+flags.DEFINE_bool("normalize", False, "Score L2-normalised vectors (divided by "
+                  "--temperature)")
+flags.DEFINE_float("temperature", 1.0, "Scores are divided by this")
+flags.DEFINE_float("lr", 0.003, "Adam's learning rate")
+flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (AdamW)")
+flags.DEFINE_integer("batch_size", 128, "Histories per step over all processes", lower_bound=1)
+flags.DEFINE_integer("epochs", 200, "Most passes over the training histories", lower_bound=1)
+flags.DEFINE_integer("early_stopping_patience", 10, "Stop after this many evaluations "
+                     "without a better validation NDCG@10 (0: never)", lower_bound=0)
+flags.DEFINE_integer("eval_batch_size", 1024, "Users scored at once in an evaluation",
+                     lower_bound=1)
+flags.DEFINE_bool("filter_seen", False, "Rank only items absent from the user's history "
+                  "(the published tables rank every item)")
+flags.DEFINE_integer("top_k", 100, "--mode export: items the SavedModel returns per history",
+                     lower_bound=1)
+flags.DEFINE_bool("resume", False, "Continue the training run in --output_dir from its "
+                  "checkpoint")
+flags.DEFINE_bool("amp", False, "bfloat16 compute on a CPU that has it natively (float16 "
+                  "on a GPU); weights stay float32")
+flags.DEFINE_float("divergence_factor", DEFAULT_DIVERGENCE_FACTOR, "A loss above this many "
+                   "times the first step's ends the run (0: only a non-finite loss)")
+flags.DEFINE_integer("seed", 1, "Seed of initialisation, shuffling and dropout",
+                     lower_bound=0)
+flags.DEFINE_integer("print_freq", 100, "Progress line every this many steps", lower_bound=1)
+flags.DEFINE_integer("max_steps", 0, "Stop after this many steps (0: no limit; smoke runs)",
+                     lower_bound=0)
+flags.DEFINE_bool("cpu", False, "Hide GPUs")
+flags.mark_flags_as_required(["dataset_dir", "output_dir"])
+
+SELECTION_METRIC = "ndcg@10"
+
+
+def paths() -> dict:
+    out = F.output_dir
+    return {"checkpoint": os.path.join(out, "checkpoint"),
+            "results": os.path.join(out, "results.json"),
+            "log": os.path.join(out, "log.json"), "curves": os.path.join(out, "curves.png"),
+            "saved_model": os.path.join(out, "saved_model")}
+
+
+def model_config(spec) -> RetrievalConfig:
+    items = catalogue(spec)
+    return RetrievalConfig(
+        model=F.model, items=items.items, length=F.max_sequence_length, width=F.embedding_dim,
+        blocks=F.num_blocks, heads=F.num_heads, dropout=F.dropout_rate,
+        attention_dropout=F.attention_dropout, timestamps=items.timestamps,
+        normalize=F.normalize, temperature=F.temperature, seed=F.seed)
+
+
+def rows(spec, mapping: str, length: int) -> dict:
+    """A mapping's rows, each its last length + 1 ids (and timestamps)."""
+    return {k: np.ascontiguousarray(v[:, -(length + 1):])
+            for k, v in read_sequences(spec, mapping).items() if k in (ITEM_IDS, "timestamps")}
+
+
+def save_results(path: str, final: dict) -> None:
+    results = {"valid": {k: final[k] for k in METRIC_KEYS},
+               "test": {k: final[f"test_{k}"] for k in METRIC_KEYS},
+               "best_epoch": int(final["best_epoch"])}
+    atomic_write_text(path, json.dumps(results, indent=2) + "\n")
+
+
+def train(trainer, spec, comm, logger) -> None:
+    where, length = paths(), trainer.model.config.length
+    position = {"epoch": 0, "step": 0}
+    if F.resume:
+        position = restore(trainer, where["checkpoint"], comm)
+    data = RowBatches(rows(spec, "train", length), F.batch_size, comm, shuffle_seed=F.seed)
+    validation, test = (RowBatches(rows(spec, m, length), F.eval_batch_size, comm)
+                        for m in ("validation", "test"))
+
+    def save(path, position):
+        checkpoint.save_replica(path, trainer.named_state(), comm, position,
+                                trainer.model.config.checkpoint_shape(), trainer.optimizer)
+    config = loop.LoopConfig(epochs=F.epochs, batch_size=F.batch_size, print_freq=F.print_freq,
+                             max_steps=F.max_steps, selection_metric=SELECTION_METRIC,
+                             keep_best=True, early_stopping_patience=F.early_stopping_patience)
+    final, _ = loop.train(trainer, data, lambda: trainer.evaluate(validation.epoch()), logger,
+                          config, position,
+                          loop.Checkpoints(where["checkpoint"], save,
+                                           lambda path: restore(trainer, path, comm)),
+                          lambda: trainer.evaluate(test.epoch()))
+    if comm.rank == 0:
+        save_results(where["results"], final)
+        logger.print(f"wrote {where['results']}")
+
+
+def restore(trainer, path: str, comm) -> dict:
+    return checkpoint.restore_replica(path, trainer.named_state(), trainer.named_state(),
+                                      trainer.model.config.checkpoint_shape(),
+                                      trainer.optimizer, comm=comm)
+
+
+def evaluate_kept(trainer, spec, comm, logger) -> None:
+    restore(trainer, paths()["checkpoint"], comm)
+    for mapping in ("validation", "test"):
+        batches = RowBatches(rows(spec, mapping, trainer.model.config.length),
+                             F.eval_batch_size, comm)
+        loop.log_result(logger, mapping, trainer.evaluate(batches.epoch()))
+
+
+def run(spec, comm, logger) -> None:
+    model = Encoder(model_config(spec))
+    trainer = RetrievalTrainer(model, comm, F.lr, F.weight_decay, F.amp, F.seed,
+                               F.divergence_factor, F.filter_seen)
+    comm.broadcast_variables(list(model.named.values()))
+    if F.mode == "train":
+        train(trainer, spec, comm, logger)
+    elif F.mode == "eval":
+        evaluate_kept(trainer, spec, comm, logger)
+    else:
+        restore(trainer, paths()["checkpoint"], comm)
+        if comm.rank == 0:
+            export.export(model, paths()["saved_model"], F.top_k)
+            logger.print(f"exported {paths()['saved_model']} (top {F.top_k} of "
+                         f"{model.config.items} items) and its item embeddings")
+
+
+def written_paths() -> list:
+    """What this run writes (taken at its start: one writer per path)."""
+    where = paths()
+    if F.mode == "export":
+        return [where["saved_model"]]
+    if F.mode == "eval":
+        return []
+    return [where["checkpoint"], best_state_path(where["checkpoint"]), where["results"]]
+
+
+def work() -> None:
+    comm = make_communicator(F.cpu)
+    tf.random.set_seed(F.seed)
+    tf.config.experimental.enable_op_determinism()
+    where = paths()
+    logger = DLLogger(where["log"] if F.mode == "train" else os.devnull,
+                      enabled=comm.rank == 0)
+    logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})
+    spec = load_spec(F.dataset_dir, RETRIEVAL_CONTRACT, F.feature_spec)
+    with outputs.claimed(comm, written_paths()):
+        run(spec, comm, logger)
+    if F.mode == "train" and comm.rank == 0:
+        plot_log.plot(where["log"], where["curves"])
+    logger.close()
+
+
+def main(argv) -> int:
+    """Errors of the inputs (spec, data, flags, checkpoint) end the run with one line."""
+    return run_cli(work, errors=(ValueError,))
+
+
+if __name__ == "__main__":
+    app.run(lambda argv: exit_process(main(argv)))

@@ -1,0 +1,50 @@
+"""Full-ranking metrics of next-item retrieval: every item of the catalogue is a candidate
+(never a sampled list). A target's rank is the number of other items scored at least as high
+(ties count against the target), 0 the best; from the ranks of every evaluated user:
+HR@K (= Recall@K with one target), NDCG@K and MRR."""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+CUTOFFS = (1, 5, 10, 20, 50)
+# the keys of results.json's "valid" and "test" (NDCG@1 equals HR@1)
+METRIC_KEYS = tuple([f"hr@{k}" for k in CUTOFFS] + [f"ndcg@{k}" for k in CUTOFFS[1:]]
+                    + ["mrr"])
+
+
+def seen_mask(seen, items: int):
+    """int64 [n, L] ids (0: none) -> bool [n, items]: column i marks item i + 1."""
+    rows = tf.broadcast_to(tf.range(tf.shape(seen, out_type=tf.int64)[0])[:, None],
+                           tf.shape(seen))
+    at = tf.boolean_mask(tf.stack([rows, seen - 1], -1), seen > 0)
+    counts = tf.scatter_nd(at, tf.ones(tf.shape(at)[:1], tf.int32),
+                           tf.cast(tf.stack([tf.shape(seen)[0], items]), tf.int64))
+    return counts > 0
+
+
+def target_ranks(scores, targets, seen=None):
+    """scores float [n, N] of items 1..N, targets int64 [n] in 1..N -> int32 [n] ranks.
+    seen: int64 [n, L] ids whose scores drop out (already-seen filtering); the target itself
+    stays a candidate even when seen."""
+    items = tf.shape(scores)[1]
+    target_scores = tf.gather(scores, targets - 1, batch_dims=1)
+    if seen is not None:
+        hidden = seen_mask(seen, items) & ~tf.cast(tf.one_hot(targets - 1, items), tf.bool)
+        scores = tf.where(hidden, tf.constant(-np.inf, scores.dtype), scores)
+    return tf.reduce_sum(tf.cast(scores >= target_scores[:, None], tf.int32), axis=1) - 1
+
+
+def ranking_metrics(ranks) -> dict:
+    """{hr@K, ndcg@K, mrr}: means over the users of the 0-based ranks."""
+    ranks = np.asarray(ranks, np.float64)
+    if ranks.size == 0:
+        raise ValueError("no user to evaluate")
+    out = {}
+    for k in CUTOFFS:
+        hit = ranks < k
+        out[f"hr@{k}"] = float(hit.mean())
+        if k > 1:
+            out[f"ndcg@{k}"] = float(np.where(hit, 1.0 / np.log2(ranks + 2), 0.0).mean())
+    out["mrr"] = float((1.0 / (ranks + 1)).mean())
+    return {k: out[k] for k in METRIC_KEYS}

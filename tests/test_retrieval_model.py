@@ -1,0 +1,160 @@
+"""The retrieval encoders against numpy implementations of their equations, the full-ranking
+metrics against rankings worked out by hand, and the exported retriever's top-k against a
+numpy brute force over the saved item table."""
+import itertools
+import math
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from retrieval.export import EMBEDDINGS_FILE, export, most_recent
+from retrieval.metrics import METRIC_KEYS, ranking_metrics, target_ranks
+from retrieval.model import Encoder, RetrievalConfig
+
+
+def np_layer_norm(x, scale=1.0, offset=0.0):
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(var + 1e-6) * scale + offset
+
+
+def silu(x):
+    return x / (1 + np.exp(-x))
+
+
+def np_encode(model, ids, timestamps=None):
+    """The model's forward pass for one history at a time, written from the equations in
+    retrieval/model.py's docstring with explicit loops over queries and keys."""
+    c, w = model.config, {k: v.numpy() for k, v in model.named.items()}
+    out = []
+    for row, t in zip(ids, timestamps if timestamps is not None else [None] * len(ids)):
+        x = w["item_embeddings"][row] * math.sqrt(c.width) + w["positions"]
+        x *= (row > 0)[:, None]
+        n = len(row)
+        for b in range(c.blocks):
+            p = f"block_{b}/"
+            if c.model == "hstu":
+                uvqk = silu(np_layer_norm(x) @ w[p + "uvqk"] + w[p + "uvqk_bias"])
+                u, v, q, k = np.split(uvqk, 4, axis=-1)
+                attended, e = np.zeros_like(v), c.width // c.heads
+                for i, j, hd in itertools.product(range(n), range(n), range(c.heads)):
+                    if j > i or (row[j] == 0 and j != i):
+                        continue
+                    bias = w[p + "position_bias"][j - i + c.length - 1]
+                    if t is not None:
+                        gap = max(abs(int(t[i]) - int(t[j])), 1)
+                        bias += w[p + "time_bias"][min(int(math.log(gap) / 0.301), 127)]
+                    s = slice(hd * e, (hd + 1) * e)
+                    attended[i, s] += silu(q[i, s] @ k[j, s] + bias) / c.length * v[j, s]
+                x = x + (u * np_layer_norm(attended)) @ w[p + "o"] + w[p + "o_bias"]
+            else:
+                h = np_layer_norm(x, w[p + "norm_1/scale"], w[p + "norm_1/offset"])
+                q, k, v = (h @ w[p + m] for m in "qkv")
+                heads, e = c.heads, c.width // c.heads
+                attended = np.zeros_like(v)
+                for i in range(n):
+                    keys = [j for j in range(i + 1) if row[j] > 0 or j == i]
+                    for hd in range(heads):
+                        s = slice(hd * e, (hd + 1) * e)
+                        logits = np.array([q[i, s] @ k[j, s] / math.sqrt(e) for j in keys])
+                        weights = np.exp(logits - logits.max())
+                        weights /= weights.sum()
+                        attended[i, s] = sum(a * v[j, s] for a, j in zip(weights, keys))
+                x = x + attended @ w[p + "o"]
+                h = np_layer_norm(x, w[p + "norm_2/scale"], w[p + "norm_2/offset"])
+                h = np.maximum(h @ w[p + "ffn_in"] + w[p + "ffn_in_bias"], 0)
+                x = x + h @ w[p + "ffn_out"] + w[p + "ffn_out_bias"]
+            x *= (row > 0)[:, None]
+        out.append(np_layer_norm(x, w["final_norm/scale"], w["final_norm/offset"]))
+    return np.stack(out)
+
+
+def randomised(model, seed=3):
+    """Every weight random (the zero-initialised biases too, so each term is exercised)."""
+    rng = np.random.default_rng(seed)
+    for v in model.named.values():
+        v.assign(rng.normal(0, 0.3, v.shape).astype(np.float32) + (
+            1.0 if "scale" in v.name else 0.0))
+    return model
+
+
+HISTORIES = np.array([[0, 0, 0, 4, 2, 7], [3, 1, 5, 5, 2, 6], [0, 0, 0, 0, 0, 1]], np.int64)
+
+
+@pytest.mark.parametrize("kind,heads,timestamps", [("hstu", 1, False), ("hstu", 2, True),
+                                                   ("sasrec", 1, False), ("sasrec", 2, False)])
+def test_encoder_matches_numpy_equations(kind, heads, timestamps):
+    model = randomised(Encoder(RetrievalConfig(model=kind, items=7, length=6, width=8, blocks=2,
+                                               heads=heads, timestamps=timestamps, seed=5)))
+    times = np.cumsum(np.random.default_rng(0).integers(0, 10 ** 6, HISTORIES.shape), 1) \
+        if timestamps else None
+    got = model.encode(tf.constant(HISTORIES),
+                       None if times is None else tf.constant(times, tf.int64)).numpy()
+    want = np_encode(model, HISTORIES, times)
+    real = HISTORIES > 0  # padded positions carry no output anyone reads
+    np.testing.assert_allclose(got[real], want[real], rtol=2e-4, atol=2e-4)
+
+
+def test_hstu_time_bias_changes_the_output():
+    """The time-gap bias is read: other gaps, other vectors (a guard on the test above)."""
+    model = randomised(Encoder(RetrievalConfig(model="hstu", items=7, length=6, width=8,
+                                               timestamps=True)))
+    ids = tf.constant(HISTORIES[1:2])
+    near = model.encode(ids, tf.constant([[1, 2, 3, 4, 5, 6]], tf.int64)).numpy()
+    far = model.encode(ids, tf.constant([[1, 10, 10 ** 3, 10 ** 5, 10 ** 7, 10 ** 9]],
+                                         tf.int64)).numpy()
+    assert np.abs(near - far).max() > 1e-3
+
+
+def test_ranks_count_ties_against_the_target_and_filter_seen():
+    scores = tf.constant([[0.1, 0.9, 0.5, 0.5, 0.2],   # target 3 (0.5): 0.9 and 0.5 tie -> 2
+                          [0.7, 0.1, 0.2, 0.3, 0.4],   # target 1: the best -> 0
+                          [0.3, 0.3, 0.3, 0.3, 0.3]])  # target 5: all tie -> 4
+    targets = tf.constant([3, 1, 5], tf.int64)
+    assert target_ranks(scores, targets).numpy().tolist() == [2, 0, 4]
+    # seen: row 0 saw items 2 and 3 (the target itself stays), row 2 saw 1, 2 and 5
+    seen = tf.constant([[0, 2, 3], [0, 0, 0], [1, 2, 5]], tf.int64)
+    assert target_ranks(scores, targets, seen).numpy().tolist() == [1, 0, 2]
+
+
+def test_metrics_from_hand_computed_ranks():
+    got = ranking_metrics([0, 2, 4, 9, 60])
+    assert list(got) == list(METRIC_KEYS)
+    assert got["hr@1"] == pytest.approx(1 / 5)
+    assert got["hr@5"] == pytest.approx(3 / 5)
+    assert got["hr@10"] == got["hr@20"] == got["hr@50"] == pytest.approx(4 / 5)
+    assert got["ndcg@5"] == pytest.approx((1 + 1 / 2 + 1 / math.log2(6)) / 5)
+    assert got["ndcg@10"] == pytest.approx((1 + 1 / 2 + 1 / math.log2(6) + 1 / math.log2(11))
+                                           / 5)
+    assert got["mrr"] == pytest.approx((1 + 1 / 3 + 1 / 5 + 1 / 10 + 1 / 61) / 5)
+
+
+def test_most_recent_compacts_pads_and_cuts():
+    ids = tf.constant([[5, 6, 0, 0], [0, 1, 0, 2], [1, 2, 3, 4]], tf.int64)
+    assert most_recent(ids, 3).numpy().tolist() == [[0, 5, 6], [0, 1, 2], [2, 3, 4]]
+
+
+@pytest.mark.parametrize("kind,normalize", [("sasrec", False), ("hstu", True)])
+def test_export_top_k_equals_numpy_brute_force(tmp_path, kind, normalize):
+    config = RetrievalConfig(model=kind, items=40, length=5, width=8, normalize=normalize,
+                             temperature=0.5 if normalize else 1.0)
+    model = randomised(Encoder(config))
+    out = str(tmp_path / "saved_model")
+    export(model, out, k=7)
+    served = tf.saved_model.load(out).signatures["serving_default"]
+    histories = np.array([[0, 0, 3, 9, 27, 1, 8], [4, 0, 0, 0, 0, 0, 0], [0] * 6 + [40]])
+    got = served(item_ids=tf.constant(histories, tf.int64))
+    saved = np.load(os.path.join(out, EMBEDDINGS_FILE))
+    np.testing.assert_array_equal(saved["ids"], np.arange(1, 41))
+    # numpy: the most recent 5 ids left-padded, the last position's vector against the table
+    padded = np.array([[3, 9, 27, 1, 8], [0, 0, 0, 0, 4], [0, 0, 0, 0, 40]])
+    queries = np_encode(model, padded)[:, -1]
+    if normalize:
+        queries /= np.linalg.norm(queries, axis=1, keepdims=True)
+    scores = queries @ saved["embeddings"].T / config.temperature
+    want = saved["ids"][np.argsort(-scores, axis=1, kind="stable")[:, :7]]
+    np.testing.assert_array_equal(got["top_k_ids"].numpy(), want)
+    np.testing.assert_allclose(got["top_k_scores"].numpy(),
+                               np.take_along_axis(scores, want - 1, 1), rtol=1e-4, atol=1e-4)
