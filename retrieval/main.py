@@ -37,7 +37,7 @@ from retrieval.contract import RETRIEVAL_CONTRACT
 from retrieval.data import catalogue, read_sequences
 from retrieval.metrics import METRIC_KEYS
 from retrieval.model import MODELS, Encoder, RetrievalConfig
-from retrieval.trainer import ITEM_IDS, RetrievalTrainer
+from retrieval.trainer import ITEM_IDS, LOSSES, NEGATIVES, RetrievalTrainer
 from training import checkpoint, loop, outputs
 from training.engine import DEFAULT_DIVERGENCE_FACTOR
 from training.selection import best_state_path
@@ -63,6 +63,13 @@ flags.DEFINE_float("attention_dropout", 0.0, "Dropout of the attention weights")
 flags.DEFINE_bool("normalize", False, "Score L2-normalised vectors (divided by "
                   "--temperature)")
 flags.DEFINE_float("temperature", 1.0, "Scores are divided by this")
+flags.DEFINE_enum("loss", "full", list(LOSSES), "full: cross-entropy over every item; "
+                  "sampled: sampled softmax (--negatives), for catalogues too large to score "
+                  "whole at every step")
+flags.DEFINE_enum("negatives", "uniform", list(NEGATIVES), "--loss sampled: uniform draws "
+                  "of the catalogue, or the batch's other next items")
+flags.DEFINE_integer("num_negatives", 128, "--loss sampled --negatives uniform: draws per "
+                     "step", lower_bound=1)
 flags.DEFINE_float("lr", 0.003, "Adam's learning rate")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (AdamW)")
 flags.DEFINE_integer("batch_size", 128, "Histories per step over all processes", lower_bound=1)
@@ -133,7 +140,8 @@ def train(trainer, spec, comm, logger) -> None:
 
     def save(path, position):
         checkpoint.save_replica(path, trainer.named_state(), comm, position,
-                                trainer.model.config.checkpoint_shape(), trainer.optimizer)
+                                trainer.model.config.checkpoint_shape(), trainer.optimizer,
+                                trainer.dynamic_tables())
     config = loop.LoopConfig(epochs=F.epochs, batch_size=F.batch_size, print_freq=F.print_freq,
                              max_steps=F.max_steps, selection_metric=SELECTION_METRIC,
                              keep_best=True, early_stopping_patience=F.early_stopping_patience)
@@ -150,7 +158,8 @@ def train(trainer, spec, comm, logger) -> None:
 def restore(trainer, path: str, comm) -> dict:
     return checkpoint.restore_replica(path, trainer.named_state(), trainer.named_state(),
                                       trainer.model.config.checkpoint_shape(),
-                                      trainer.optimizer, comm=comm)
+                                      trainer.optimizer, dynamic_tables=trainer.dynamic_tables(),
+                                      comm=comm)
 
 
 def evaluate_kept(trainer, spec, comm, logger) -> None:
@@ -162,9 +171,14 @@ def evaluate_kept(trainer, spec, comm, logger) -> None:
 
 
 def run(spec, comm, logger) -> None:
-    model = Encoder(model_config(spec))
+    items = catalogue(spec)
+    if items.dynamic is not None and comm.size > 1:
+        raise ValueError("a dynamic item table (raw ids) trains in one process: every rank "
+                         "would map other ids to its rows")
+    model = Encoder(model_config(spec), items.dynamic)
     trainer = RetrievalTrainer(model, comm, F.lr, F.weight_decay, F.amp, F.seed,
-                               F.divergence_factor, F.filter_seen)
+                               F.divergence_factor, F.filter_seen, F.loss, F.negatives,
+                               F.num_negatives)
     comm.broadcast_variables(list(model.named.values()))
     if F.mode == "train":
         train(trainer, spec, comm, logger)

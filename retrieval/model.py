@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import tensorflow as tf
 
+from core.dynamic import DynamicTable
 from core.initializers import glorot_normal
 
 MODELS = ("sasrec", "hstu")
@@ -97,7 +98,8 @@ class Encoder(tf.Module):
     """The item table, the positions and the blocks of one model. `encode` gives every
     position's history vector; `scores` compares history vectors with the whole catalogue."""
 
-    def __init__(self, config: RetrievalConfig):
+    def __init__(self, config: RetrievalConfig, dynamic_spec=None):
+        """dynamic_spec: a DynamicSpec makes the item table dynamic (raw ids)."""
         super().__init__(name=config.model)
         if config.model not in MODELS:
             raise ValueError(f"--model must be one of {list(MODELS)}, found {config.model!r}")
@@ -133,6 +135,34 @@ class Encoder(tf.Module):
         self.final_norm = (w.constant("final_norm/scale", [c.width], 1.0),
                            w.constant("final_norm/offset", [c.width], 0.0))
         self.named = w.variables
+        self.dynamic = None if dynamic_spec is None else DynamicTable(
+            c.items + 1, dynamic_spec, "dynamic_items")
+
+    # ---- ids --------------------------------------------------------------------------------
+    def rows(self, ids, training: bool = False):
+        """Table rows of item ids (any shape; 0 stays 0). A dynamic table maps raw ids (a
+        training step first gives new ids rows: returns (rows, new rows) then); ids without
+        a row become 0."""
+        if self.dynamic is None:
+            return (ids, tf.zeros([0], tf.int64)) if training else ids
+        real = tf.where(ids != 0)
+        if not training:
+            return tf.scatter_nd(real, self.dynamic.lookup(tf.gather_nd(ids, real)),
+                                 tf.shape(ids, out_type=tf.int64))
+        rows, new_rows = self.dynamic.train_lookup(tf.gather_nd(ids, real))
+        self.dynamic.redraw(self.items, new_rows, self.config.seed)
+        return tf.scatter_nd(real, rows, tf.shape(ids, out_type=tf.int64)), new_rows
+
+    def candidates(self):
+        """bool [N]: which of rows 1..N may be retrieved (a dynamic table's allocated rows),
+        or None: all."""
+        if self.dynamic is None:
+            return None
+        return tf.range(1, self.config.items + 1, dtype=tf.int64) <= self.dynamic.allocated
+
+    def item_ids(self, rows):
+        """The ids that table rows hold (a dynamic table's raw ids)."""
+        return rows if self.dynamic is None else tf.gather(self.dynamic.row_ids, rows)
 
     # ---- the encoders ----------------------------------------------------------------------
     def encode(self, ids, timestamps=None, seed=None, compute_dtype=tf.float32):
@@ -218,7 +248,10 @@ class Encoder(tf.Module):
         return vectors / self.config.temperature
 
     def scores(self, vectors, compute_dtype=tf.float32):
-        """[n, d] history vectors -> [n, N] scores of items 1..N (column i: item i + 1)."""
-        return tf.cast(tf.matmul(tf.cast(self.queries(vectors), compute_dtype),
-                                 tf.cast(self.catalogue(), compute_dtype), transpose_b=True),
-                       tf.float32)
+        """[n, d] history vectors -> [n, N] scores of rows 1..N (column i: row i + 1); rows
+        that are not candidates score -inf."""
+        scores = tf.cast(tf.matmul(tf.cast(self.queries(vectors), compute_dtype),
+                                   tf.cast(self.catalogue(), compute_dtype), transpose_b=True),
+                         tf.float32)
+        candidates = self.candidates()
+        return scores if candidates is None else tf.where(candidates, scores, -np.inf)

@@ -30,18 +30,59 @@ def history_and_next(features: dict) -> tuple:
     return history, features[ITEM_IDS][:, 1:]
 
 
+def with_rows(model, features: dict) -> dict:
+    """features with their item ids as table rows (evaluation: a dynamic table admits none)."""
+    return dict(features, **{ITEM_IDS: model.rows(features[ITEM_IDS])})
+
+
 def evaluated(features: dict) -> tuple:
     """An evaluation row: (its history [b, L], its target: the row's last id [b])."""
     history, following = history_and_next(features)
     return history, following[:, -1]
 
 
+LOSSES = ("full", "sampled")
+NEGATIVES = ("uniform", "in_batch")
+
+
+def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, compute_dtype):
+    """Per-pair softmax cross-entropy of each target against sampled negatives, for
+    catalogues too large to score whole: `uniform` draws `count` ids of 1..N shared by the
+    batch; `in_batch` takes the batch's other targets. A negative equal to the pair's target
+    (an accidental hit) is dropped, and every logit is corrected by the log of its item's
+    sampling probability (logQ), so the sampled loss estimates the full one."""
+    items = model.config.items
+    if negatives == "uniform":
+        sampled = tf.random.stateless_uniform([count], seed, 1, items + 1, tf.int64)
+        log_q = tf.fill([count], tf.math.log(tf.cast(count, tf.float32) / items))
+    else:
+        sampled, position, counts = tf.unique_with_counts(targets, out_idx=tf.int64)
+        log_q = tf.math.log(tf.cast(counts, tf.float32) / tf.cast(tf.size(targets), tf.float32))
+    queries = tf.cast(model.queries(vectors), compute_dtype)
+    table = model.catalogue()
+    positive = tf.reduce_sum(tf.cast(queries, tf.float32) * tf.gather(table, targets - 1), -1)
+    negative = tf.cast(tf.matmul(queries, tf.cast(tf.gather(table, sampled - 1), compute_dtype),
+                                 transpose_b=True), tf.float32) - log_q
+    negative = tf.where(tf.equal(targets[:, None], sampled[None, :]), -1e9, negative)
+    positive_log_q = tf.math.log(tf.cast(count, tf.float32) / items) if negatives == "uniform" \
+        else tf.gather(log_q, position)
+    logits = tf.concat([(positive - positive_log_q)[:, None], negative], 1)
+    return tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.zeros_like(targets, tf.int32), logits=logits)
+
+
 class RetrievalTask:
     tables, lookup_collectives = (), ()
 
-    def __init__(self, model, seed: int):
-        self.model, self.seed = model, seed
+    def __init__(self, model, seed: int, loss: str = "full", negatives: str = "uniform",
+                 num_negatives: int = 128):
+        if loss not in LOSSES or negatives not in NEGATIVES:
+            raise ValueError(f"--loss must be one of {list(LOSSES)} and --negatives one of "
+                             f"{list(NEGATIVES)}, found {loss!r}, {negatives!r}")
+        self.model, self.seed, self.sampled = model, seed, loss == "sampled"
+        self.negatives, self.num_negatives = negatives, num_negatives
         self.dense_variables = dict(model.named)
+        self.new_rows_hooks = []  # (table, rows): rows a dynamic table gave to new ids
 
     @staticmethod
     def lookup(batch):
@@ -49,6 +90,11 @@ class RetrievalTask:
 
     def dense_inputs(self, batch, step):
         features, global_rows = batch
+        if self.model.dynamic is not None:
+            rows, new_rows = self.model.rows(features[ITEM_IDS], training=True)
+            for hook in self.new_rows_hooks:
+                hook(self.model.items, new_rows)
+            features = dict(features, **{ITEM_IDS: rows})
         seed = tf.stack([tf.constant(self.seed, tf.int64), tf.cast(step, tf.int64)])
         return features, global_rows, seed
 
@@ -58,24 +104,31 @@ class RetrievalTask:
         vectors = self.model.encode(history[ITEM_IDS], history.get(TIMESTAMPS), seed,
                                     compute_dtype)
         pairs = (history[ITEM_IDS] > 0) & (following > 0)
-        logits = self.model.scores(tf.boolean_mask(vectors, pairs), compute_dtype)
-        per_pair = tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=tf.boolean_mask(following, pairs) - 1, logits=logits)
+        vectors, targets = tf.boolean_mask(vectors, pairs), tf.boolean_mask(following, pairs)
+        if self.sampled:
+            per_pair = sampled_softmax(self.model, vectors, targets, self.negatives,
+                                       self.num_negatives, seed + [0, 7], compute_dtype)
+        else:
+            per_pair = tf.nn.sparse_softmax_cross_entropy_with_logits(
+                labels=targets - 1, logits=self.model.scores(vectors, compute_dtype))
         return mean_share(per_pair, global_rows)
 
-    loss_name = "cross-entropy over all items, summed over a history's next items"
+    @property
+    def loss_name(self) -> str:
+        over = (f"{self.num_negatives} uniform negatives" if self.negatives == "uniform"
+                else "in-batch negatives") if self.sampled else "all items"
+        return f"cross-entropy over {over}, summed over a history's next items"
 
     def predict(self, batch, compute_dtype):
         """Scores [b, N] of every item after each row's history (the row's last id is the
         target and is not read)."""
-        history, _ = evaluated(batch[0])
+        history, _ = evaluated(with_rows(self.model, batch[0]))
         vectors = self.model.encode(history[ITEM_IDS], history.get(TIMESTAMPS),
                                     compute_dtype=compute_dtype)
         return self.model.scores(vectors[:, -1], compute_dtype)
 
-    @staticmethod
-    def label(batch):
-        return evaluated(batch[0])[1]
+    def label(self, batch):
+        return evaluated(with_rows(self.model, batch[0]))[1]
 
     @staticmethod
     def global_rows(batch):
@@ -92,24 +145,31 @@ def batch_signature(config) -> tuple:
 class RetrievalTrainer(Trainer):
     def __init__(self, model, comm, lr: float, weight_decay: float = 0.0, amp: bool = False,
                  seed: int = 0, divergence_factor: float = DEFAULT_DIVERGENCE_FACTOR,
-                 filter_seen: bool = False):
+                 filter_seen: bool = False, loss: str = "full", negatives: str = "uniform",
+                 num_negatives: int = 128):
         self.model, self.lr, self.filter_seen = model, float(lr), filter_seen
         self.optimizer = make_optimizer("adam", dict(model.named), weight_decay)
         group = OptimizerGroup(self.optimizer, lambda step: self.lr,
                                tuple(model.named.values()))
         signature = batch_signature(model.config)
-        super().__init__(RetrievalTask(model, int(seed)), comm, [group], compute_dtype_for(amp),
+        task = RetrievalTask(model, int(seed), loss, negatives, num_negatives)
+        task.new_rows_hooks.append(self.optimizer.reset_rows)
+        super().__init__(task, comm, [group], compute_dtype_for(amp),
                          input_signature=signature, predict_signature=signature,
                          divergence_hint="Lower --lr.", divergence_factor=divergence_factor)
         self._ranks = tf.function(self._ranks_of, input_signature=[signature[0]],
                                   autograph=False)
 
     def _ranks_of(self, features):
-        history, target = evaluated(features)
+        """Each row's target's rank; a target without a row (a dynamic table's unknown id)
+        ranks last."""
+        history, target = evaluated(with_rows(self.model, features))
         vectors = self.model.encode(history[ITEM_IDS], history.get(TIMESTAMPS),
                                     compute_dtype=self.compute_dtype)
         scores = self.model.scores(vectors[:, -1], self.compute_dtype)
-        return target_ranks(scores, target, history[ITEM_IDS] if self.filter_seen else None)
+        ranks = target_ranks(scores, tf.maximum(target, 1),
+                             history[ITEM_IDS] if self.filter_seen else None)
+        return tf.where(target > 0, ranks, self.model.config.items)
 
     def evaluate(self, batches) -> dict:
         """Full-ranking metrics over every row of `batches` (this rank's rows; rank 0
@@ -126,3 +186,11 @@ class RetrievalTrainer(Trainer):
     def named_state(self) -> dict:
         """The model's variables and the optimizer's slots, by checkpoint name."""
         return with_slots(dict(self.model.named), self.optimizer)
+
+    def dynamic_tables(self) -> dict:
+        """{name: (its map, the named_state entries whose rows it indexes)} of a dynamic item
+        table (training/checkpoint.py)."""
+        if self.model.dynamic is None:
+            return {}
+        return {"item_ids": (self.model.dynamic, [
+            n for n in self.named_state() if n.split("/")[0] == "item_embeddings"])}

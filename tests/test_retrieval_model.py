@@ -12,6 +12,7 @@ import tensorflow as tf
 from retrieval.export import EMBEDDINGS_FILE, export, most_recent
 from retrieval.metrics import METRIC_KEYS, ranking_metrics, target_ranks
 from retrieval.model import Encoder, RetrievalConfig
+from retrieval.trainer import sampled_softmax
 
 
 def np_layer_norm(x, scale=1.0, offset=0.0):
@@ -158,3 +159,46 @@ def test_export_top_k_equals_numpy_brute_force(tmp_path, kind, normalize):
     np.testing.assert_array_equal(got["top_k_ids"].numpy(), want)
     np.testing.assert_allclose(got["top_k_scores"].numpy(),
                                np.take_along_axis(scores, want - 1, 1), rtol=1e-4, atol=1e-4)
+
+
+def test_sampled_softmax_in_batch_matches_numpy():
+    """In-batch negatives: the batch's distinct next items, an accidental hit (a negative
+    equal to the pair's target) dropped, every logit minus log of its item's share of the
+    batch's targets."""
+    model = randomised(Encoder(RetrievalConfig(model="sasrec", items=9, length=4, width=8)))
+    rng = np.random.default_rng(1)
+    vectors = rng.normal(size=(6, 8)).astype(np.float32)
+    targets = np.array([3, 5, 3, 9, 5, 3])
+    got = sampled_softmax(model, tf.constant(vectors), tf.constant(targets, tf.int64),
+                          "in_batch", 0, tf.constant([1, 2], tf.int64), tf.float32).numpy()
+    table = model.named["item_embeddings"].numpy()
+    want = []
+    for v, t in zip(vectors, targets):
+        share = {i: np.mean(targets == i) for i in set(targets)}
+        positive = v @ table[t] - np.log(share[t])
+        negatives = [v @ table[i] - np.log(share[i]) for i in share if i != t]
+        logits = np.array([positive] + negatives)
+        want.append(np.log(np.exp(logits).sum()) - positive)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
+def test_sampled_softmax_uniform_drops_accidental_hits():
+    """Uniform draws over a catalogue of 2 items: every draw is either the target (dropped)
+    or the other item, so the loss is the two-way softmax of target against the other."""
+    model = randomised(Encoder(RetrievalConfig(model="hstu", items=2, length=4, width=8)))
+    vectors = np.random.default_rng(2).normal(size=(3, 8)).astype(np.float32)
+    targets = np.array([1, 2, 1])
+    got = sampled_softmax(model, tf.constant(vectors), tf.constant(targets, tf.int64),
+                          "uniform", 64, tf.constant([3, 4], tf.int64), tf.float32).numpy()
+    table = model.named["item_embeddings"].numpy()
+    want = []
+    for v, t in zip(vectors, targets):
+        positive, other = v @ table[t], v @ table[3 - t]
+        # how many draws hit the other item: each adds one (equal) logit
+        want.append((positive, other))
+    draws = tf.random.stateless_uniform([64], tf.constant([3, 4], tf.int64) + [0, 0], 1, 3,
+                                        tf.int64).numpy()
+    for (positive, other), t, g in zip(want, targets, got):
+        hits = int(np.sum(draws == 3 - t))
+        logits = np.array([positive] + [other] * hits)
+        np.testing.assert_allclose(g, np.log(np.exp(logits).sum()) - positive, rtol=1e-4)
