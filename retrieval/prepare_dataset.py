@@ -67,8 +67,7 @@ class Actions:
     places: np.ndarray      # line (or parquet row) number of each action
     place: str              # 'line' or 'row'
     timestamps: np.ndarray = None
-    line_users: list = None  # lines layout: the user of each row and its line
-    line_places: np.ndarray = None
+    line_starts: np.ndarray = None  # lines layout: the first action of each line
 
 
 # ---- reading the layouts ----------------------------------------------------------------
@@ -81,7 +80,7 @@ def _text_lines(src: str) -> list:
 
 
 def read_lines(src: str) -> Actions:
-    users, items, places, line_users, line_places = [], [], [], [], []
+    items, sizes, line_users, line_places = [], [], [], []
     for number, line in enumerate(_text_lines(src), 1):
         fields = line.split()
         if not fields:
@@ -92,12 +91,12 @@ def read_lines(src: str) -> Actions:
         line_users.append(fields[0])
         line_places.append(number)
         items.extend(fields[1:])
-        places.append(len(fields) - 1)
-    counts = np.array(places, np.int64)
+        sizes.append(len(fields) - 1)
+    counts = np.array(sizes, np.int64)
     line_places = np.array(line_places, np.int64)
     users = list(np.repeat(np.array(line_users, dtype=object), counts)) if line_users else []
     return Actions(users, items, np.repeat(line_places, counts), "line",
-                   line_users=line_users, line_places=line_places)
+                   line_starts=np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64))
 
 
 def read_pairs(src: str) -> Actions:
@@ -168,7 +167,7 @@ def read_table(src: str, names=None) -> Actions:
         first_place, place = (2 if header else 1), "line"
     places = np.arange(len(frame), dtype=np.int64) + first_place
     stamps = _integers(frame["timestamp"].tolist(), places, place, src, "timestamp",
-                       "an integer timestamp")
+                       "an integer")
     return Actions(frame["user"].tolist(), frame["item"].tolist(), places, place,
                    timestamps=stamps)
 
@@ -180,8 +179,9 @@ def _integers(tokens: list, places, place: str, src: str, what: str, expected: s
     fine = [_INTEGER.fullmatch(t) is not None for t in tokens]
     if not all(fine):
         k = fine.index(False)
+        found = f"'{tokens[k]}'" if tokens[k] else "nothing (a missing field)"
         raise PrepareError(f"{src} {place} {places[k]}: expected {expected} for the {what}, "
-                           f"found '{tokens[k]}'")
+                           f"found {found}")
     try:
         return np.array(tokens, dtype=np.str_).astype(np.int64) if tokens else \
             np.zeros(0, np.int64)
@@ -227,8 +227,10 @@ def group(actions: Actions, users: np.ndarray, layout: str, src: str):
     if layout == "csv":
         order = np.lexsort((actions.timestamps, users))  # stable: ties keep the file's order
     grouped = users[order]
-    starts = np.flatnonzero(np.concatenate([[True], grouped[1:] != grouped[:-1]])) \
-        if grouped.size else np.zeros(0, np.int64)
+    if layout == "lines":  # a line is a user's row, even when the next line repeats it
+        starts = actions.line_starts
+    else:
+        starts = np.flatnonzero(np.concatenate([[True], grouped[1:] != grouped[:-1]]))
     if layout != "csv":
         repeat = _first_repeat(grouped[starts])
         if repeat is not None:
