@@ -242,6 +242,8 @@ def run(*args):
 
 ERRORS = {
     # name: (file text, layout, extra flags, what the line must name)
+    "dense_outside_int64": ("1 2 3\n2 99999999999999999999 6\n", "lines", [],
+                            ["line 2", "outside int64"]),
     "dense_non_integer": ("1 2 3\n2 4 x5 6\n", "lines", [], ["line 2", "'x5'", "positive"]),
     "lines_only_user": ("1 2 3\n\n7\n", "lines", [], ["line 3", "only '7'"]),
     "lines_user_twice": ("1 2 3\n2 3 4\n2 5 6\n", "lines", [], ["line 3", "'2'", "line 2"]),
@@ -305,3 +307,30 @@ def test_beauty(tmp_path):
     test = data.read_sequences(spec, "test", 50)
     assert test[ITEMS].shape == (m["rows"]["test"], 51)
     assert (test[ITEMS][:, -1] > 0).all()  # every row ends with its target
+
+
+def test_parquet_source(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    table = pa.table({"timestamp": [5, 3, 9, 1, 2, 2], "user": [4, 4, 4, 8, 8, 8],
+                      "item": [11, 12, 13, 14, 15, 16], "rating": [1.0] * 6})
+    pq.write_table(table, tmp_path / "log.parquet")
+    prepare("--src", tmp_path / "log.parquet", "--format", "csv", "--dst", tmp_path / "out")
+    got, spec = prepared(tmp_path / "out")
+    assert got["test"] == {4: [12, 11, 13], 8: [14, 15, 16]}
+    assert data.read_sequences(spec, "test", 2)[TIMESTAMPS].tolist() == [[3, 5, 9], [1, 2, 2]]
+    pq.write_table(table.drop(["item"]), tmp_path / "bad.parquet")
+    line = run("--src", tmp_path / "bad.parquet", "--format", "csv", "--dst", tmp_path / "o")
+    assert "bad.parquet" in line and "'item'" in line and "timestamp, user, rating" in line
+
+
+def test_dict_pipeline_reads_the_batches(tmp_path):
+    """The reader as training wraps it (core.pipelines.DictPipeline, tf.data)."""
+    from core.pipelines import DictPipeline
+    src = write(tmp_path / "seq.txt", "1 1 2 3 4 5\n2 6 7\n3 8 9 10\n")
+    prepare("--src", src, "--format", "lines", "--dst", tmp_path / "out")
+    spec = data.load(str(tmp_path / "out"))
+    pipe = DictPipeline(data.open_sequences(spec, "train", 2, 3, World()))
+    batches = list(pipe.dataset(range(len(pipe))))
+    assert [b[ITEMS].numpy().tolist() for b in batches] == [[[0, 1, 2, 3], [0, 0, 6, 7]]]
+    assert batches[0][USER].numpy().tolist() == [1, 2]
