@@ -114,8 +114,11 @@ def read_pairs(src: str) -> Actions:
 
 def _csv_header(src: str, names):
     """(column names, whether the first line is a header)."""
-    with open(src, newline="", encoding="utf-8") as f:
-        first = next(csv.reader(f), None)
+    try:
+        with open(src, newline="", encoding="utf-8-sig") as f:
+            first = next(csv.reader(f), None)
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise PrepareError(f"{src}: not a UTF-8 CSV file ({e})") from None
     if first is None:
         return list(names or CSV_COLUMNS), False
     if names:
@@ -161,7 +164,7 @@ def read_table(src: str, names=None) -> Actions:
         try:
             frame = pd.read_csv(src, header=0 if header else None, names=columns,
                                 usecols=list(CSV_COLUMNS), dtype=str, keep_default_na=False,
-                                skip_blank_lines=True, encoding="utf-8")
+                                skip_blank_lines=True, encoding="utf-8-sig")
         except (pd.errors.ParserError, UnicodeDecodeError) as e:
             raise PrepareError(f"{src}: not a CSV file with the columns {', '.join(columns)} "
                                f"({' '.join(str(e).split())})") from None
