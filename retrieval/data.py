@@ -1,0 +1,109 @@
+"""From a retrieval dataset (retrieval.prepare_dataset) to model inputs: readers per rank of
+left-padded sequences (retrieval.contract's layout), the catalogue, whole mappings as numpy.
+
+A batch (SequenceBatches.get, read_sequences): `item_ids` int64 [b, length + 1] left-padded
+with 0, most recent item last, the row's target its last column (train rows: every column's
+next one is its target); rows longer than length + 1 keep their most recent items;
+`timestamps` int64 of the same shape when the spec has them; `user_id` int64 [b]."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.columnar import open_reader
+from core.feature_spec import DynamicSpec, FeatureSpec
+from core.sources import DatasetError, length_key, load_spec
+from retrieval.contract import (ITEM_CHANNEL, RETRIEVAL_CONTRACT, TIMESTAMP_CHANNEL,
+                                USER_CHANNEL, left_padded)
+
+
+class RetrievalDataError(DatasetError):
+    pass
+
+
+def load(dataset_dir: str) -> FeatureSpec:
+    """The dataset's FeatureSpec, validated against the retrieval contract."""
+    return load_spec(dataset_dir, RETRIEVAL_CONTRACT)
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """items: N, ids 1..N (0 is padding; a dynamic table's capacity when `dynamic`);
+    dynamic: the item table's DynamicSpec (--ids raw) or None; timestamps: whether batches
+    carry them; max_length: history items a stored row holds besides its target."""
+    items: int
+    dynamic: DynamicSpec = None
+    timestamps: bool = False
+    max_length: int = 0
+
+
+def catalogue(spec: FeatureSpec) -> Catalogue:
+    items = spec.channel(ITEM_CHANNEL)[0]
+    return Catalogue(items=spec.cardinality(items), dynamic=spec.dynamic(items),
+                     timestamps=bool(spec.channel(TIMESTAMP_CHANNEL)),
+                     max_length=spec.dimension(items) - 1)
+
+
+def _sequences(spec: FeatureSpec) -> list:
+    return spec.channel(ITEM_CHANNEL) + spec.channel(TIMESTAMP_CHANNEL)
+
+
+def _check_length(length: int) -> int:
+    if not isinstance(length, (int, np.integer)) or isinstance(length, bool) or length < 1:
+        raise RetrievalDataError(f"sequence length must be an integer >= 1, found {length!r}")
+    return int(length)
+
+
+class SequenceBatches:
+    """A ColumnarReader whose sequence features come left-padded to length + 1 (see the
+    module doc) instead of left-aligned with their lengths; ids are range-checked by the core
+    reader (1..cardinality, 0 padding; any id for a dynamic table)."""
+
+    def __init__(self, reader, spec: FeatureSpec, length: int):
+        self._reader, self.spec = reader, spec
+        self.length = _check_length(length)
+        self.sequences = _sequences(spec)
+
+    def __getattr__(self, name):  # the rest of the reader's interface
+        return getattr(self._reader, name)
+
+    def __len__(self):
+        return len(self._reader)
+
+    def get(self, index: int) -> dict:
+        batch = self._reader.get(index)
+        for name in self.sequences:
+            batch[name] = left_padded(batch[name], batch.pop(length_key(name)),
+                                      self.length + 1)
+        return batch
+
+
+def open_sequences(spec: FeatureSpec, mapping: str, batch_size: int, length: int, comm,
+                   drop_last: bool = False) -> SequenceBatches:
+    """This rank's reader of a mapping (rows split per rank as ColumnarReader does); an
+    empty mapping is an error naming it."""
+    length = _check_length(length)
+    reader = open_reader(spec, mapping, batch_size, rank=comm.rank, world_size=comm.size,
+                         drop_last=drop_last)
+    if reader.num_rows == 0 or len(reader) == 0:
+        raise RetrievalDataError(f"the '{mapping}' data of {spec.base_directory} has "
+                                 f"{reader.num_rows} rows, fewer than one batch of "
+                                 f"{batch_size}")
+    return SequenceBatches(reader, spec, length)
+
+
+def read_sequences(spec: FeatureSpec, mapping: str, length: int = None) -> dict:
+    """Every row of a mapping (all ranks' rows) in the batch layout, as numpy; length:
+    default the stored max_length. An empty mapping is an error naming it."""
+    length = catalogue(spec).max_length if length is None else _check_length(length)
+    reader = open_reader(spec, mapping, 1 << 16)
+    if reader.num_rows == 0:
+        raise RetrievalDataError(f"the '{mapping}' data of {spec.base_directory} has no rows")
+    wrapped = SequenceBatches(reader, spec, length)
+    batches = [wrapped.get(i) for i in range(len(wrapped))]
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def user_feature(spec: FeatureSpec) -> str:
+    return spec.channel(USER_CHANNEL)[0]

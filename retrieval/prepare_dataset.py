@@ -1,0 +1,396 @@
+"""Interaction logs -> a retrieval dataset: one row per user and mapping, leave-one-out split.
+
+  python -m retrieval.prepare_dataset --src FILE --format lines|pairs|csv --dst DIR
+      [--ids dense|map|raw] [--max_length 200] [--capacity N] [--csv_columns NAMES]
+      [--overwrite]
+
+Layouts (--format):
+  lines  one line per user: `user item item ...` (whitespace separated, oldest first)
+  pairs  one line per action: `user item`, a user's lines consecutive, oldest first
+  csv    columns user, item, timestamp (others ignored), or parquet when FILE ends in
+         .parquet. The first line is a header when it names a column user, item or timestamp;
+         else the file has none and its columns are user,item,timestamp (3 fields) or
+         user,item,rating,timestamp (4 fields, Amazon's ratings_*.csv), or --csv_columns.
+         Actions are sorted by (user, timestamp) with a stable sort (equal timestamps keep the
+         file's order); timestamps are kept (int64) for this layout only.
+Blank lines are skipped.
+
+Split (leave-one-out): a user with items s1..sn (oldest first) gives the train row s1..s(n-2)
+(targets s2..s(n-2): every prefix's next item), the validation row s1..s(n-1) and the test
+row s1..sn; each row's target is its last item, and a row keeps its most recent
+max_length + 1 items. Short users (SASRec's rule): n = 2 trains on both items and gets no
+validation or test row; n = 1 is dropped; n = 3 gets no train row (one item has no target)
+but its validation and test rows. The counts go to the spec's metadata and are printed.
+
+Ids (--ids): dense (default) ids as given, positive integers, catalogue 1..max id, 0 padding;
+map: any tokens mapped to 1..N in the order the file first names them (DIR/item_ids.tsv and
+DIR/user_ids.tsv: `id<TAB>raw`); raw: integer ids kept as they are (any int64 but 0, the
+padding), the item feature dynamic with a capacity of --capacity rows (default: twice the
+distinct items). Users are integers (dense: positive) unless --ids map.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import re
+import sys
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.cli import ERROR_STATUS, run_cli
+from core.columnar import ColumnarWriter
+from core.feature_spec import DynamicSpec
+from retrieval import contract
+
+FORMATS = ("lines", "pairs", "csv")
+ID_MODES = ("dense", "map", "raw")
+DEFAULT_MAX_LENGTH = 200
+CAPACITY_FACTOR = 2  # --ids raw: default capacity = this x the distinct items seen
+CSV_COLUMNS = ("user", "item", "timestamp")
+HEADERLESS = {3: ("user", "item", "timestamp"), 4: ("user", "item", "rating", "timestamp")}
+ITEM_IDS_FILE, USER_IDS_FILE = "item_ids.tsv", "user_ids.tsv"
+_INTEGER = re.compile(r"-?[0-9]+")
+_INTEGERS = re.compile(r"(?:-?[0-9]+\n)*-?[0-9]+")
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+class PrepareError(ValueError):
+    """Input that cannot be prepared; one line naming the file (and line)."""
+
+
+@dataclass
+class Actions:
+    """Every action of the source in file order: tokens as written, where each came from."""
+    users: list
+    items: list
+    places: np.ndarray      # line (or parquet row) number of each action
+    place: str              # 'line' or 'row'
+    timestamps: np.ndarray = None
+    line_starts: np.ndarray = None  # lines layout: the first action of each line
+
+
+# ---- reading the layouts ----------------------------------------------------------------
+def _text_lines(src: str) -> list:
+    try:
+        with open(src, encoding="utf-8") as f:
+            return f.read().splitlines()
+    except UnicodeDecodeError as e:
+        raise PrepareError(f"{src}: not UTF-8 text (byte {e.start})") from None
+
+
+def read_lines(src: str) -> Actions:
+    items, sizes, line_users, line_places = [], [], [], []
+    for number, line in enumerate(_text_lines(src), 1):
+        fields = line.split()
+        if not fields:
+            continue
+        if len(fields) < 2:
+            raise PrepareError(f"{src} line {number}: expected a user and at least one item "
+                               f"(`user item item ...`), found only '{fields[0]}'")
+        line_users.append(fields[0])
+        line_places.append(number)
+        items.extend(fields[1:])
+        sizes.append(len(fields) - 1)
+    counts = np.array(sizes, np.int64)
+    line_places = np.array(line_places, np.int64)
+    users = list(np.repeat(np.array(line_users, dtype=object), counts)) if line_users else []
+    return Actions(users, items, np.repeat(line_places, counts), "line",
+                   line_starts=np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64))
+
+
+def read_pairs(src: str) -> Actions:
+    fields = [line.split() for line in _text_lines(src)]
+    sizes = np.fromiter(map(len, fields), np.int64, len(fields))
+    bad = np.flatnonzero((sizes != 0) & (sizes != 2))
+    if bad.size:
+        row = int(bad[0])
+        raise PrepareError(f"{src} line {row + 1}: expected 2 fields (`user item`), found "
+                           f"{sizes[row]}: '{' '.join(fields[row])}'")
+    kept = np.flatnonzero(sizes == 2)
+    return Actions([fields[r][0] for r in kept], [fields[r][1] for r in kept], kept + 1, "line")
+
+
+def _csv_header(src: str, names):
+    """(column names, whether the first line is a header)."""
+    try:
+        with open(src, newline="", encoding="utf-8-sig") as f:
+            first = next(csv.reader(f), None)
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise PrepareError(f"{src}: not a UTF-8 CSV file ({e})") from None
+    if first is None:
+        return list(names or CSV_COLUMNS), False
+    if names:
+        return list(names), False
+    stripped = [c.strip() for c in first]
+    if set(stripped) & set(CSV_COLUMNS):
+        return stripped, True
+    if len(first) in HEADERLESS:
+        return list(HEADERLESS[len(first)]), False
+    raise PrepareError(f"{src}: the first line names no column {'/'.join(CSV_COLUMNS)} and has "
+                       f"{len(first)} fields; a file without a header has 3 "
+                       f"(user,item,timestamp) or 4 (user,item,rating,timestamp): pass "
+                       f"--csv_columns")
+
+
+def read_table(src: str, names=None) -> Actions:
+    import pandas as pd
+    if src.endswith(".parquet"):
+        import pyarrow.parquet as pq
+        try:
+            table = pq.read_table(src)
+        except Exception as e:  # pyarrow raises several types for a damaged file
+            raise PrepareError(f"{src}: not a readable parquet file "
+                               f"({' '.join(str(e).split())})") from None
+        found = list(table.column_names)
+        missing = [c for c in CSV_COLUMNS if c not in found]
+        if missing:
+            raise PrepareError(f"{src}: no column '{missing[0]}' (columns found: "
+                               f"{', '.join(found)})")
+        frame = table.select(list(CSV_COLUMNS)).to_pandas()
+        for column in CSV_COLUMNS:
+            if frame[column].isna().any():
+                row = int(np.flatnonzero(frame[column].isna().to_numpy())[0])
+                raise PrepareError(f"{src} row {row}: column '{column}' is missing a value")
+        frame = frame.astype(str)
+        first_place, place = 0, "row"
+    else:
+        columns, header = _csv_header(src, names)
+        missing = [c for c in CSV_COLUMNS if c not in columns]
+        if missing:
+            raise PrepareError(f"{src}: no column '{missing[0]}' (columns found: "
+                               f"{', '.join(columns)})")
+        try:
+            frame = pd.read_csv(src, header=0 if header else None, names=columns,
+                                usecols=list(CSV_COLUMNS), dtype=str, keep_default_na=False,
+                                skip_blank_lines=True, encoding="utf-8-sig")
+        except (pd.errors.ParserError, UnicodeDecodeError) as e:
+            raise PrepareError(f"{src}: not a CSV file with the columns {', '.join(columns)} "
+                               f"({' '.join(str(e).split())})") from None
+        first_place, place = (2 if header else 1), "line"
+    places = np.arange(len(frame), dtype=np.int64) + first_place
+    users, items, stamps = ([t.strip() for t in frame[c].tolist()] for c in CSV_COLUMNS)
+    stamps = _integers(stamps, places, place, src, "timestamp", "an integer")
+    return Actions(users, items, places, place, timestamps=stamps)
+
+
+# ---- ids ----------------------------------------------------------------------------------
+def _integers(tokens: list, places, place: str, src: str, what: str, expected: str):
+    """Tokens (stripped) -> int64: ASCII digits with an optional '-'; the first bad one is
+    named. One regular-expression pass over all of them, then Python's int per token."""
+    if not tokens:
+        return np.zeros(0, np.int64)
+    if _INTEGERS.fullmatch("\n".join(tokens)) is None:
+        k = next(k for k, t in enumerate(tokens) if _INTEGER.fullmatch(t) is None)
+        found = f"'{tokens[k]}'" if tokens[k] else "nothing (a missing field)"
+        raise PrepareError(f"{src} {place} {places[k]}: expected {expected} for the {what}, "
+                           f"found {found}")
+    try:
+        return np.array(list(map(int, tokens)), dtype=np.int64)
+    except OverflowError:
+        k = next(k for k, t in enumerate(tokens) if not _INT64[0] <= int(t) <= _INT64[1])
+        raise PrepareError(f"{src} {place} {places[k]}: expected {expected} for the {what}, "
+                           f"found '{tokens[k]}' (outside int64)") from None
+
+
+def _ids(tokens: list, places, place: str, src: str, what: str, mode: str):
+    """(int64 ids, dictionary of raw tokens for --ids map or None)."""
+    if mode == "map":
+        import pandas as pd
+        codes, uniques = pd.factorize(np.array(tokens, dtype=object))
+        return codes.astype(np.int64) + 1, [str(u) for u in uniques]
+    expected = "a positive integer id (--ids dense)" if mode == "dense" else \
+        "an integer id (--ids raw)"
+    ids = _integers(tokens, places, place, src, what, expected)
+    bad = np.flatnonzero(ids <= 0) if mode == "dense" else \
+        (np.flatnonzero(ids == 0) if what == "item" else np.zeros(0, np.int64))
+    if bad.size:
+        k = int(bad[0])
+        extra = " (0 is the padding id)" if mode == "raw" else ""
+        raise PrepareError(f"{src} {place} {places[k]}: expected {expected} for the {what}, "
+                           f"found '{tokens[k]}'{extra}")
+    return ids, None
+
+
+# ---- grouping and the split -----------------------------------------------------------------
+def _first_repeat(keys: np.ndarray):
+    """(index of the first key seen before, index of its first occurrence) or None."""
+    _, first, inverse = np.unique(keys, return_index=True, return_inverse=True)
+    again = np.flatnonzero(first[inverse] != np.arange(keys.size))
+    if not again.size:
+        return None
+    k = int(again[0])
+    return k, int(first[inverse[k]])
+
+
+def group(actions: Actions, users: np.ndarray, layout: str, src: str):
+    """Order of the actions (user by user, oldest first) and each user's (start, count)."""
+    order = np.arange(users.size)
+    if layout == "csv":
+        order = np.lexsort((actions.timestamps, users))  # stable: ties keep the file's order
+    grouped = users[order]
+    if layout == "lines":  # a line is a user's row, even when the next line repeats it
+        starts = actions.line_starts
+    else:
+        starts = np.flatnonzero(np.concatenate([[True], grouped[1:] != grouped[:-1]]))
+    if layout != "csv":
+        repeat = _first_repeat(grouped[starts])
+        if repeat is not None:
+            again, first = (int(starts[r]) for r in repeat)
+            token = actions.users[again]
+            if layout == "lines":
+                raise PrepareError(f"{src} line {actions.places[again]}: user '{token}' "
+                                   f"already has a line (line {actions.places[first]}); "
+                                   f"expected one line per user")
+            raise PrepareError(f"{src} line {actions.places[again]}: user '{token}' appears "
+                               f"again after other users' lines (first at line "
+                               f"{actions.places[first]}); a user's lines must be consecutive")
+    counts = np.diff(np.concatenate([starts, [grouped.size]]))
+    return order, starts.astype(np.int64), counts.astype(np.int64)
+
+
+def split_rows(counts: np.ndarray) -> dict:
+    """{mapping: (user index, end)}: the rows of each mapping as the first `end` items of
+    user `index` (the rule in the module doc)."""
+    users = np.arange(counts.size)
+    train = (counts >= 4) | (counts == 2)
+    held = counts >= 3
+    return {"train": (users[train], np.where(counts[train] == 2, 2, counts[train] - 2)),
+            "validation": (users[held], counts[held] - 1),
+            "test": (users[held], counts[held])}
+
+
+def short_user_counts(counts: np.ndarray) -> dict:
+    return {"dropped_one_item": int((counts == 1).sum()),
+            "train_only_two_items": int((counts == 2).sum()),
+            "no_train_row_three_items": int((counts == 3).sum())}
+
+
+def _gather(values: np.ndarray, first: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """values[first[r]:first[r] + lengths[r]] of every row r, concatenated."""
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    index = np.arange(offsets[-1]) + np.repeat(first - offsets[:-1], lengths)
+    return values[index]
+
+
+# ---- the command ----------------------------------------------------------------------------
+class _Writer(ColumnarWriter):
+    """The parquet writer, plus text files (the id dictionaries) in the same staged output."""
+
+    def add_text(self, name: str, text: str) -> None:
+        with open(os.path.join(self._output.tmp_dir, name), "w", encoding="utf-8") as f:
+            f.write(text)
+
+
+def _dictionary(tokens: list) -> str:
+    return "".join(f"{i}\t{t}\n" for i, t in enumerate(tokens, 1))
+
+
+def prepare(src: str, layout: str, dst: str, ids: str = "dense",
+            max_length: int = DEFAULT_MAX_LENGTH, capacity: int = None, overwrite=False,
+            csv_columns=None):
+    """Write the dataset; returns its FeatureSpec (metadata: counts, see the module doc)."""
+    if layout not in FORMATS:
+        raise PrepareError(f"--format must be one of {list(FORMATS)}, found '{layout}'")
+    if ids not in ID_MODES:
+        raise PrepareError(f"--ids must be one of {list(ID_MODES)}, found '{ids}'")
+    if max_length < 1:
+        raise PrepareError(f"--max_length must be at least 1, found {max_length}")
+    if capacity is not None and (ids != "raw" or capacity < 1):
+        raise PrepareError(f"--capacity is the dynamic table's rows of --ids raw (>= 1); "
+                           f"found {capacity} with --ids {ids}")
+    if not os.path.isfile(src):
+        raise PrepareError(f"--src {src}: no such file")
+    actions = {"lines": read_lines, "pairs": read_pairs}[layout](src) if layout != "csv" \
+        else read_table(src, csv_columns)
+    if not actions.items:
+        raise PrepareError(f"{src}: no interactions (empty catalogue): nothing to prepare")
+    user_ids, user_names = _ids(actions.users, actions.places, actions.place, src, "user", ids)
+    item_ids, item_names = _ids(actions.items, actions.places, actions.place, src, "item", ids)
+    order, starts, counts = group(actions, user_ids, layout, src)
+    items, stamps = item_ids[order], None if actions.timestamps is None \
+        else actions.timestamps[order]
+    user_of = user_ids[order][starts]
+
+    distinct = int(np.unique(item_ids).size)
+    if ids == "dense":
+        catalogue = int(item_ids.max())
+    elif ids == "map":
+        catalogue = len(item_names)
+    else:
+        catalogue = int(capacity or CAPACITY_FACTOR * distinct)
+    width = max_length + 1
+    short = short_user_counts(counts)
+    columns, truncated = {}, {}
+    for mapping, (user, end) in split_rows(counts).items():
+        lengths = np.minimum(end, width)
+        first = starts[user] + end - lengths
+        truncated[mapping] = int((end > width).sum())
+        columns[mapping] = {contract.ITEMS: (_gather(items, first, lengths), lengths),
+                            contract.USER: user_of[user]}
+        if stamps is not None:
+            columns[mapping][contract.TIMESTAMPS] = (_gather(stamps, first, lengths), lengths)
+    metadata = {"source": os.path.abspath(src), "format": layout, "ids": ids,
+                "users": int(counts.size), "items": catalogue, "distinct_items": distinct,
+                "interactions": int(item_ids.size), "max_length": int(max_length),
+                "timestamps": stamps is not None, "short_users": short,
+                "truncated_rows": truncated}
+    if ids == "raw":
+        metadata["capacity"] = catalogue
+    spec = contract.retrieval_spec(catalogue, max_length, stamps is not None, metadata,
+                                   DynamicSpec() if ids == "raw" else None)
+    writer = _Writer(dst, spec, "parquet", overwrite=overwrite, ids_from_one=True,
+                     mappings=list(contract.MAPPINGS))
+    with writer:
+        for mapping in contract.MAPPINGS:
+            writer.write(mapping, columns[mapping])
+        if ids == "map":
+            writer.add_text(ITEM_IDS_FILE, _dictionary(item_names))
+            writer.add_text(USER_IDS_FILE, _dictionary(user_names))
+    return writer.spec
+
+
+def summary(spec) -> str:
+    m = spec.metadata
+    rows, short = m["rows"], m["short_users"]
+    return (f"wrote {spec.base_directory}: {m['users']} users, {m['items']} items"
+            f"{' (capacity)' if m['ids'] == 'raw' else ''}, {m['interactions']} interactions; "
+            f"rows train {rows['train']}, validation {rows['validation']}, test {rows['test']}; "
+            f"short users: {short['dropped_one_item']} with 1 item dropped, "
+            f"{short['train_only_two_items']} with 2 items train only, "
+            f"{short['no_train_row_three_items']} with 3 items without a train row; "
+            f"rows truncated to {m['max_length'] + 1} items: "
+            + ", ".join(f"{k} {v}" for k, v in m["truncated_rows"].items()))
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse whose usage errors are one `error:` line, as run_cli's."""
+
+    def error(self, message):
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(ERROR_STATUS)
+
+
+def main(argv=None) -> int:
+    p = _Parser(description=__doc__.splitlines()[0])
+    p.add_argument("--src", required=True, help="the interaction file")
+    p.add_argument("--format", required=True, choices=FORMATS, help="its layout")
+    p.add_argument("--dst", required=True, help="output dataset directory")
+    p.add_argument("--ids", choices=ID_MODES, default="dense")
+    p.add_argument("--max_length", type=int, default=DEFAULT_MAX_LENGTH,
+                   help="items of history kept per row (a row holds max_length + 1)")
+    p.add_argument("--capacity", type=int, default=None,
+                   help=f"--ids raw: rows of the dynamic item table (default "
+                        f"{CAPACITY_FACTOR} x the distinct items)")
+    p.add_argument("--csv_columns", default=None,
+                   help="a header-less csv's column names, comma separated")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
+    a = p.parse_args(argv)
+    names = [c.strip() for c in a.csv_columns.split(",")] if a.csv_columns else None
+    return run_cli(lambda: summary(prepare(a.src, a.format, a.dst, a.ids, a.max_length,
+                                           a.capacity, a.overwrite, names)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
