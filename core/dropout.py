@@ -36,10 +36,11 @@ def _keys(seed):
     return k0, k1
 
 
-def keep_hash(rows, cols, seed):
-    """uint32 [rows, cols]: the hash that decides which elements are kept."""
+def keep_hash(rows, cols, seed, first_row=0):
+    """uint32 [rows, cols]: the hash that decides which elements are kept; first_row: the
+    index of row 0 (a rank's rows of a global batch take the global batch's masks)."""
     k0, k1 = _keys(seed)
-    row = tf.bitcast(tf.range(rows, dtype=tf.int32), tf.uint32)[:, None]
+    row = tf.bitcast(tf.range(rows, dtype=tf.int32) + first_row, tf.uint32)[:, None]
     col = tf.bitcast(tf.range(cols, dtype=tf.int32), tf.uint32)[None, :]
     h = _fmix(row * tf.constant(_GOLDEN, tf.uint32) ^ k0)
     return _fmix(_fmix(h + col * tf.constant(_GOLDEN2, tf.uint32)) ^ k1)

@@ -3,8 +3,9 @@
 
 Training rows are reshuffled every epoch: the permutation is a function of (seed, epoch)
 alone, so a resumed run sees the batches the interrupted one would have. A global batch's
-rows are split over the ranks in rank order, each rank taking its slice; the global row count
-rides along for the loss (engine: mean over the global batch)."""
+rows are split over the ranks in rank order, each rank taking its slice; the global row count rides
+along for the loss (engine: mean over the global batch), and the slice's first global row for
+dropout (the masks one process would draw for those rows)."""
 from __future__ import annotations
 
 import numpy as np
@@ -29,10 +30,12 @@ class RowBatches:
         return np.random.default_rng([self.shuffle_seed, epoch]).permutation(self.rows)
 
     def batch(self, rows: np.ndarray) -> tuple:
-        """Global rows -> this rank's step batch (features, global row count)."""
-        share = np.array_split(rows, self.comm.size)[self.comm.rank]
-        return ({k: tf.constant(v[share]) for k, v in self.features.items()},
-                tf.constant(len(rows), tf.int32))
+        """Global rows -> this rank's step batch (features, global row count, the index of
+        its first row in the global batch)."""
+        shares = np.array_split(rows, self.comm.size)
+        first = sum(len(s) for s in shares[:self.comm.rank])
+        return ({k: tf.constant(v[shares[self.comm.rank]]) for k, v in self.features.items()},
+                tf.constant(len(rows), tf.int32), tf.constant(first, tf.int32))
 
     def epoch(self, epoch: int = 0, start_batch: int = 0):
         order = self.order(epoch)

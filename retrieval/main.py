@@ -21,7 +21,6 @@ from core import runtime
 runtime.import_tensorflow()  # its settings first
 
 # flake8: noqa: E402 (imports after the runtime settings)
-import numpy as np
 import tensorflow as tf
 from absl import app, flags
 
@@ -37,7 +36,7 @@ from retrieval.contract import RETRIEVAL_CONTRACT
 from retrieval.data import catalogue, read_sequences
 from retrieval.metrics import METRIC_KEYS
 from retrieval.model import MODELS, Encoder, RetrievalConfig
-from retrieval.trainer import ITEM_IDS, LOSSES, NEGATIVES, RetrievalTrainer
+from retrieval.trainer import ITEM_IDS, LOSSES, TIMESTAMPS, NEGATIVES, RetrievalTrainer
 from training import checkpoint, loop, outputs
 from training.engine import DEFAULT_DIVERGENCE_FACTOR
 from training.selection import best_state_path
@@ -83,7 +82,10 @@ flags.DEFINE_bool("filter_seen", False, "Rank only items absent from the user's 
 flags.DEFINE_integer("top_k", 100, "--mode export: items the SavedModel returns per history",
                      lower_bound=1)
 flags.DEFINE_bool("resume", False, "Continue the training run in --output_dir from its "
-                  "checkpoint")
+                  "checkpoint (the same data: it ends as an uninterrupted run would)")
+flags.DEFINE_bool("warm_start", False, "Start a new training run (epochs, model selection) "
+                  "from the weights, optimizer state and id map of the run in --output_dir: "
+                  "continued training on new data")
 flags.DEFINE_bool("amp", False, "bfloat16 compute on a CPU that has it natively (float16 "
                   "on a GPU); weights stay float32")
 flags.DEFINE_float("divergence_factor", DEFAULT_DIVERGENCE_FACTOR, "A loss above this many "
@@ -118,8 +120,8 @@ def model_config(spec) -> RetrievalConfig:
 
 def rows(spec, mapping: str, length: int) -> dict:
     """A mapping's rows, each its last length + 1 ids (and timestamps)."""
-    return {k: np.ascontiguousarray(v[:, -(length + 1):])
-            for k, v in read_sequences(spec, mapping).items() if k in (ITEM_IDS, "timestamps")}
+    return {k: v for k, v in read_sequences(spec, mapping, length).items()
+            if k in (ITEM_IDS, TIMESTAMPS)}
 
 
 def save_results(path: str, final: dict) -> None:
@@ -132,8 +134,12 @@ def save_results(path: str, final: dict) -> None:
 def train(trainer, spec, comm, logger) -> None:
     where, length = paths(), trainer.model.config.length
     position = {"epoch": 0, "step": 0}
-    if F.resume:
-        position = restore(trainer, where["checkpoint"], comm)
+    if F.resume and F.warm_start:
+        raise ValueError("--resume continues a run, --warm_start starts a new one from it: "
+                         "give one of them")
+    if F.resume or F.warm_start:
+        resumed = restore(trainer, where["checkpoint"], comm)
+        position = resumed if F.resume else position
     data = RowBatches(rows(spec, "train", length), F.batch_size, comm, shuffle_seed=F.seed)
     validation, test = (RowBatches(rows(spec, m, length), F.eval_batch_size, comm)
                         for m in ("validation", "test"))

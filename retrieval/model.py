@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import tensorflow as tf
 
+from core.dropout import keep_hash
 from core.dynamic import DynamicTable
 from core.initializers import glorot_normal
 
@@ -58,12 +59,19 @@ def layer_norm(x, scale=None, offset=None):
 
 
 def dropout(x, rate: float, seed, key: int):
-    """Stateless dropout: the mask depends on (seed, key) alone, so runs repeat and resume
-    exactly. seed: int64 [2] (run seed, step); None: no dropout (evaluation)."""
+    """Dropout whose mask is a hash of (seed, key, global row, element) (core/dropout.py): runs
+    repeat and resume exactly, and a rank's rows of a global batch get the masks one process
+    gives them. seed: (int64 [2] run seed and step, the rank's first global row); None: no
+    dropout (evaluation)."""
     if seed is None or rate <= 0:
         return x
-    return tf.nn.experimental.stateless_dropout(x, rate, seed + tf.constant([0, 1], tf.int64)
-                                                * key)
+    step_seed, first_row = seed
+    flat = tf.reshape(x, [tf.shape(x)[0], -1])
+    threshold = tf.constant(min(round(rate * 2 ** 32), 2 ** 32 - 1), tf.uint32)
+    keep = keep_hash(tf.shape(flat)[0], tf.shape(flat)[1],
+                     step_seed + tf.constant([0, 1 << 20], tf.int64) * key, first_row)
+    kept = tf.where(keep >= threshold, flat / (1 - rate), tf.zeros_like(flat))
+    return tf.reshape(kept, tf.shape(x))
 
 
 def time_buckets(timestamps):
@@ -167,7 +175,7 @@ class Encoder(tf.Module):
     # ---- the encoders ----------------------------------------------------------------------
     def encode(self, ids, timestamps=None, seed=None, compute_dtype=tf.float32):
         """ids int64 [b, L] -> float32 [b, L, d]: position p's vector predicts the next item.
-        seed int64 [2] turns dropout on (training)."""
+        seed (dropout()'s) turns dropout on (training)."""
         c = self.config
         valid = tf.cast(ids > 0, tf.float32)[:, :, None]
         x = tf.nn.embedding_lookup(self.items, ids) * (c.width ** 0.5) + self.positions

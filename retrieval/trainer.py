@@ -3,7 +3,8 @@ embeds the history and scores the next item over the whole catalogue, so its gra
 dense: it is one of the dense variables (summed across ranks) and the family declares no
 sparse table. One optimizer (Adam, or AdamW with --weight_decay) at a constant rate.
 
-A batch is ({"item_ids": int64 [b, L + 1], "timestamps"?}, global_rows): each row's ids
+A batch is ({"item_ids": int64 [b, L + 1], "timestamps"?}, global_rows, first_row) (retrieval/
+batches.py): each row's ids
 left-padded with 0, most recent last (retrieval/data.py). Training reads positions 0..L-1 and
 predicts positions 1..L: every (history prefix, next item) pair of the row whose history is
 not empty. The loss is the cross-entropy over all items of each such pair, summed over a
@@ -89,14 +90,14 @@ class RetrievalTask:
         return {}, None, []
 
     def dense_inputs(self, batch, step):
-        features, global_rows = batch
+        features, global_rows, first_row = batch
         if self.model.dynamic is not None:
             rows, new_rows = self.model.rows(features[ITEM_IDS], training=True)
             for hook in self.new_rows_hooks:
                 hook(self.model.items, new_rows)
             features = dict(features, **{ITEM_IDS: rows})
         seed = tf.stack([tf.constant(self.seed, tf.int64), tf.cast(step, tf.int64)])
-        return features, global_rows, seed
+        return features, global_rows, (seed, first_row)
 
     def loss(self, inputs, embedded, context, compute_dtype):
         features, global_rows, seed = inputs
@@ -107,7 +108,7 @@ class RetrievalTask:
         vectors, targets = tf.boolean_mask(vectors, pairs), tf.boolean_mask(following, pairs)
         if self.sampled:
             per_pair = sampled_softmax(self.model, vectors, targets, self.negatives,
-                                       self.num_negatives, seed + [0, 7], compute_dtype)
+                                       self.num_negatives, seed[0] + [0, 7], compute_dtype)
         else:
             per_pair = tf.nn.sparse_softmax_cross_entropy_with_logits(
                 labels=targets - 1, logits=self.model.scores(vectors, compute_dtype))
@@ -139,7 +140,7 @@ def batch_signature(config) -> tuple:
     """TensorSpecs of a batch (any batch size)."""
     ids = tf.TensorSpec([None, config.length + 1], tf.int64)
     features = {ITEM_IDS: ids, **({TIMESTAMPS: ids} if config.timestamps else {})}
-    return features, tf.TensorSpec([], tf.int32)
+    return features, tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)
 
 
 class RetrievalTrainer(Trainer):

@@ -69,7 +69,7 @@ class Selection:
                    saved["kept_at"])
 
     def text(self) -> str:
-        figures = "  ".join(f"{k} {self.best_figures[k]:.6f}" for k in
-                            ("auc", "map12", "ndcg10", "validation_loss")
+        shown = dict.fromkeys((self.metric, "auc", "map12", "hr@10", "validation_loss"))
+        figures = "  ".join(f"{k} {self.best_figures[k]:.6f}" for k in shown
                             if k in self.best_figures)
         return f"epoch {self.best_epoch} (step {self.best_step}): {figures}"
