@@ -1,7 +1,7 @@
 """DLRM/DCNv2 as a client of the training engine (training/engine.py): the task below says
 what DLRM's step looks up (the embedding layer, all-to-all included), what its dense part
-computes, which variables the one optimizer updates, and which tables are replicated (their
-gradient rows are summed across ranks under the table id's name).
+computes, which variables the one optimizer updates, and how each of its tables is held
+(replicated, a model-parallel piece of the all-to-all, or row-wise), keyed by table id.
 """
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import tensorflow as tf
 
 from core.optimizers import LearningRateSchedule, make_optimizer
 from core.parallel.comm import ALLTOALL_NAMES
-from core.parallel.rows import collective_names
 from embedding import row_wise_name
-from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
+from training import (OptimizerGroup, TableDeclaration, Trainer, compute_dtype_for,
+                      table_bookkeeping)
 from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
 
 
@@ -19,17 +19,17 @@ class DLRMTask:
     def __init__(self, model):
         self.model = model
         self.dense_variables = model.dense_variables()
-        replicated = {var.ref() for var in model.embeddings.replicated_variables.values()}
-        shared_rare_row = {model.embeddings.table_variable(t).ref(): f"rare_row_grad_table_{t}"
-                           for t in model.embeddings.dynamic if t in model.plan.row_wise}
-        # the key of a replicated table is its table id; of a model-parallel piece, the piece
-        self.tables = [TableGradient(piece, var, var.ref() in replicated,
-                                     row_zero_sum=shared_rare_row.get(var.ref(), ""))
-                       for piece, var in model.embeddings.all_variables() if var.trainable]
-        plan = model.plan
+        embeddings, plan = model.embeddings, model.plan
+        pieces = [TableDeclaration(p.table, var, dynamic=p.table in embeddings.dynamic,
+                                   routed_lookup=row_wise_name(p.table)
+                                   if p.table in plan.row_wise else "",
+                                   exchanged=p.table not in plan.row_wise)
+                  for p, var in zip(embeddings.local_pieces, embeddings.piece_variables)]
+        whole = [TableDeclaration(t, var, dynamic=t in embeddings.dynamic)
+                 for t, var in embeddings.replicated_variables.items()]
+        self.tables, routed = table_bookkeeping(pieces + whole)
         exchanged = plan.world_size > 1 and any(p.table not in plan.row_wise for p in plan.pieces)
-        self.lookup_collectives = (list(ALLTOALL_NAMES) if exchanged else []) + [
-            name for t in plan.row_wise for name in collective_names(row_wise_name(t))]
+        self.lookup_collectives = (list(ALLTOALL_NAMES) if exchanged else []) + routed
 
     def lookup(self, batch):
         _, categorical, _, global_rows = batch

@@ -4,6 +4,7 @@ reader, and the staged writer every tool writes them with."""
 from __future__ import annotations
 
 import os
+import threading
 
 import numpy as np
 
@@ -83,6 +84,10 @@ class _ParquetChunk(_ChunkFiles):
     def _open(self) -> list:
         """Open every file; return their row counts."""
         self._files, self._group_starts, self._cached = [], [], (None, None)
+        # tf.data reads batches from several threads: pyarrow's ParquetFile is not safe to
+        # read from two at once (its pre-buffering races: a segfault now and then), and the
+        # cached row groups must be the ones checked for
+        self._lock = threading.Lock()
         for path in self.paths:
             self._files.append(self._open_file(path))
             meta = self._files[-1].metadata
@@ -132,9 +137,10 @@ class _ParquetChunk(_ChunkFiles):
     def _read_file(self, i: int, a: int, b: int) -> dict:
         groups, group_row = self._groups(i, a, b)
         key = (i, groups)
-        if self._cached[0] != key:  # consecutive batches often share a row group
-            self._cached = (key, self._read_groups(i, groups))
-        table = self._cached[1].slice(a - group_row, b - a)
+        with self._lock:
+            if self._cached[0] != key:  # consecutive batches often share a row group
+                self._cached = (key, self._read_groups(i, groups))
+            table = self._cached[1].slice(a - group_row, b - a)
         out = {}
         for name in self.features:
             column = table.column(name).combine_chunks()

@@ -1,10 +1,9 @@
 """SIM/DIEN/DIN as a client of the training engine (training/engine.py): the lookups give
 the embedded user, target and history tensors (the masks ride along untouched), the dense
 part is the model's forward with its auxiliary and search-stage losses, one optimizer (Adam
-with decoupled weight decay, or SGD) with a constant rate. A table every rank holds whole has
-its gradient rows summed across ranks; a table split over the ranks (--sharding) is read by a
-routed lookup, whose backward pass brings its gradient rows to the rank holding them; a
-dynamic table's shares sum their rare row's gradient across ranks.
+with decoupled weight decay, or SGD) with a constant rate. Its tables are declared to the
+engine (table_bookkeeping): a table split over the ranks (--sharding) is read by a routed
+lookup; the others every rank holds whole.
 """
 from __future__ import annotations
 
@@ -13,12 +12,12 @@ import tensorflow as tf
 from core import fused_ops
 from core.optimizers import make_optimizer
 from core.pipelines import DictPipeline
-from core.parallel.rows import collective_names
 from sim.data import model_inputs
 from sim.model import routed_lookup_name
-from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
+from training import (OptimizerGroup, TableDeclaration, Trainer, compute_dtype_for,
+                      table_bookkeeping)
 from training.checkpoint import slot_row_ranges, with_slots
-from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share, rare_row_name
+from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
 
 # the embedded tensors that depend on tables (the rest of lookup()'s output are masks)
 EMBEDDED = ("user", "target", "history", "short", "short_negative", "long")
@@ -46,15 +45,12 @@ class SimTask:
     def __init__(self, model, seed: int):
         self.model, self.seed = model, seed
         self.dense_variables = model.dense_variables()
-        # every lookup reads a table at the batch's distinct ids (SimModel._shared_lookup);
-        # a split table's gradient holds every rank's distinct ids
+        # every lookup reads a table at the batch's distinct ids (SimModel._shared_lookup)
         routed = model.routed_tables()
-        self.tables = [TableGradient(n, v, n not in routed, distinct_rows=n not in routed,
-                                     row_zero_sum=rare_row_name(n)
-                                     if n in routed and n in model.dynamic else "")
-                       for n, v in model.tables().items()]
-        self.lookup_collectives = [c for n in routed
-                                   for c in collective_names(routed_lookup_name(n))]
+        self.tables, self.lookup_collectives = table_bookkeeping(
+            TableDeclaration(n, var, dynamic=n in model.dynamic, distinct_rows=True,
+                             routed_lookup=routed_lookup_name(n) if n in routed else "")
+            for n, var in model.tables().items())
 
     def lookup(self, batch):
         looked_up = self.model.lookup(batch[0])

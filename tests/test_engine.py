@@ -9,7 +9,8 @@ import tensorflow as tf
 from core.cli import run_cli
 from training.loss_scale import DynamicLossScale
 from core.optimizers import SGD
-from training import OptimizerGroup, TableGradient, Trainer, TrainingDivergedError
+from training import (OptimizerGroup, TableDeclaration, TableGradient, Trainer,
+                      TrainingDivergedError, table_bookkeeping)
 from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
 
 ROWS = 8
@@ -108,3 +109,28 @@ def test_divergence_is_one_error_line_naming_the_first_bad_step(capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: loss became") and "\n" not in err
     assert "Lower the rate." in err and "learning rate 1e+30" in err
+
+
+def test_table_bookkeeping_follows_the_declarations():
+    """Replicated iff neither routed nor exchanged; distinct rows only where not routed; a
+    rare-row sum only for a routed dynamic table; each routed lookup's collectives once, in
+    declaration order; a frozen table gets no gradient but keeps its lookup's collectives."""
+    var = {n: tf.Variable(tf.zeros([4, 2]), name=n) for n in "abcdef"}
+    frozen = tf.Variable(tf.zeros([4, 2]), trainable=False)
+    tables, collectives = table_bookkeeping([
+        TableDeclaration("a", var["a"], dynamic=True, distinct_rows=True),
+        TableDeclaration("b", var["b"], routed_lookup="routed_x", dynamic=True,
+                         distinct_rows=True),
+        TableDeclaration("c", var["c"], routed_lookup="routed_x"),
+        TableDeclaration(3, var["d"], exchanged=True, dynamic=True),
+        TableDeclaration("e", var["e"], routed_lookup="routed_e"),
+        TableDeclaration("f", frozen, routed_lookup="routed_f")])
+    assert tables == [
+        TableGradient("a", var["a"], replicated=True, distinct_rows=True),
+        TableGradient("b", var["b"], replicated=False, row_zero_sum="rare_row_grad_table_b"),
+        TableGradient("c", var["c"], replicated=False),
+        TableGradient(3, var["d"], replicated=False),
+        TableGradient("e", var["e"], replicated=False)]
+    assert collectives == ["routed_x_ids", "routed_x_vectors", "routed_x_vectors_grad",
+                           "routed_e_ids", "routed_e_vectors", "routed_e_vectors_grad",
+                           "routed_f_ids", "routed_f_vectors", "routed_f_vectors_grad"]

@@ -161,6 +161,45 @@ def damage_page(path, checksums: bool, seed=0):
     assert pq.ParquetFile(path).metadata.num_rows == 3000  # the footer still reads
 
 
+# Reads a Wide & Deep dataset's train batches: argv dataset, batch size, then either batch
+# indices (one line each: "read" or the DatasetError) or "threads" (every batch read many
+# times from 8 threads at once, as tf.data reads them, each compared with a lone read).
+READ_BATCHES = """
+import sys
+from concurrent.futures import ThreadPoolExecutor
+import numpy as np
+from core.columnar import open_reader
+from core.sources import DatasetError, load_spec
+from wide_and_deep.contract import WIDE_DEEP_CONTRACT
+reader = open_reader(load_spec(sys.argv[1], WIDE_DEEP_CONTRACT), "train", int(sys.argv[2]))
+if sys.argv[3] == "threads":
+    alone = [reader.get(i) for i in range(len(reader))]
+    order = np.random.default_rng(0).integers(0, len(reader), 3000)
+    with ThreadPoolExecutor(8) as pool:
+        batches = list(pool.map(reader.get, order))
+    wrong = [int(i) for i, b in zip(order, batches)
+             if any(not np.array_equal(b[k], alone[i][k]) for k in b)]
+    print(f"wrong batches {sorted(set(wrong))}" if wrong else "read")
+else:
+    for index in sys.argv[3:]:
+        try:
+            reader.get(int(index))
+            print("read")
+        except DatasetError as e:
+            print(f"DatasetError: {e}")
+"""
+
+
+def read_in_child(dst, batch_size, *batches) -> list:
+    """READ_BATCHES' lines, read in a child process: pyarrow may crash rather than raise
+    (on a damaged page, or on a race), which in-process would end the whole test worker."""
+    proc = bounded_run([sys.executable, "-X", "faulthandler", "-c", READ_BATCHES, dst,
+                        str(batch_size), *map(str, batches)], timeout=120)
+    assert proc.returncode == 0, (f"the reading process ended with status {proc.returncode}"
+                                  f" (a crash in pyarrow?): {proc.stderr[-3000:]}")
+    return proc.stdout.splitlines()
+
+
 @pytest.mark.parametrize("checksums", [True, False])
 def test_a_damaged_parquet_page_names_file_and_row_group(tmp_path, checksums):
     from wide_and_deep.contract import WIDE_DEEP_CONTRACT
@@ -168,12 +207,26 @@ def test_a_damaged_parquet_page_names_file_and_row_group(tmp_path, checksums):
     path = os.path.join(dst, load_spec(dst, WIDE_DEEP_CONTRACT).source_spec["train"][0][
         "files"][0])
     damage_page(path, checksums)
-    reader = open_reader(load_spec(dst, WIDE_DEEP_CONTRACT), "train", 500)
-    with pytest.raises(DatasetError, match=f"^{path}: row group 0: not readable \(corrupt "
-                                           f"file\?\): ") as raised:
-        reader.get(0)
-    assert "\n" not in str(raised.value)
-    reader.get(2)  # row group 1 is intact
+    damaged, intact = read_in_child(dst, 500, 0, 2)  # batch 2: row group 1, intact
+    assert damaged.startswith(f"DatasetError: {path}: row group 0: not readable (corrupt "
+                              f"file?): "), damaged
+    if checksums:  # found by the page's checksum, before pyarrow decodes the page
+        assert "CRC checksum verification failed" in damaged, damaged
+    assert intact == "read"
+
+
+def test_parquet_batches_read_from_several_threads_at_once_are_those_read_alone(tmp_path):
+    """tf.data reads a reader's batches from several threads: each is the batch one thread
+    reads (pyarrow's ParquetFile crashed now and then when two threads read it at once)."""
+    import pyarrow.parquet as pq
+    from wide_and_deep.contract import WIDE_DEEP_CONTRACT
+    dst = wide_deep_dataset(tmp_path)
+    for chunk in load_spec(dst, WIDE_DEEP_CONTRACT).source_spec["train"]:
+        for name in chunk["files"]:  # 30 row groups: the reads ask for different ones
+            path = os.path.join(dst, name)
+            pq.write_table(pq.read_table(path), path, row_group_size=100,
+                           write_page_checksum=True)
+    assert read_in_child(dst, 50, "threads") == ["read"]
 
 
 def test_a_damaged_parquet_page_is_one_error_line_of_wide_and_deep(tmp_path):

@@ -1,6 +1,6 @@
 """The core training engine every family drives (see engine.py)."""
-from training.engine import (OptimizerGroup, TableGradient, Trainer, TrainingDivergedError,
-                             compute_dtype_for)
+from training.engine import (OptimizerGroup, TableDeclaration, TableGradient, Trainer,
+                             TrainingDivergedError, compute_dtype_for, table_bookkeeping)
 
-__all__ = ["OptimizerGroup", "TableGradient", "Trainer", "TrainingDivergedError",
-           "compute_dtype_for"]
+__all__ = ["OptimizerGroup", "TableDeclaration", "TableGradient", "Trainer",
+           "TrainingDivergedError", "compute_dtype_for", "table_bookkeeping"]

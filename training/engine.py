@@ -23,7 +23,10 @@ nothing is evaluated, saved or exported after a divergence.
 
 A family supplies a task object with:
   dense_variables: dict  name -> tf.Variable (summed across ranks)
-  tables: list[TableGradient]  the trainable tables in a fixed order
+  tables, lookup_collectives: table_bookkeeping(declarations), one TableDeclaration per table
+      (or piece) this rank holds, in a fixed order: which tables are replicated, routed or
+      dynamic, their rare-row sums and their routed lookups' collectives follow from it
+      (DLRM adds its all-to-all's names to lookup_collectives)
   lookup(batch) -> (embedded, context, sources)  embedded: nest of differentiable tensors;
       context: nest passed on to loss() untouched; sources: tensors whose (empty) gradients
       keep a backward collective alive on a rank that holds no table
@@ -32,7 +35,6 @@ A family supplies a task object with:
       divided by the global batch (summed over ranks: the global mean)
   predict(batch, compute_dtype) -> probabilities of this rank's rows
   label(batch) -> this rank's labels; global_rows(batch) -> rows of the global batch
-  lookup_collectives: names of the lookups' collectives (DLRM's all-to-all) or ()
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ from dataclasses import dataclass
 import tensorflow as tf
 
 from core import runtime
+from core.parallel.rows import collective_names
 from training.loss_scale import make_loss_scale
 
 
@@ -62,6 +65,36 @@ class TableGradient:
     #                              each row once (until rows are gathered across ranks)
     row_zero_sum: str = ""  # a dynamic table's share, whose rare row 0 is a copy on every
     #                         rank: the name of its gradient's sum across ranks ("": none)
+
+
+@dataclass(frozen=True)
+class TableDeclaration:
+    """One table (or piece) of this rank as its family declares it (table_bookkeeping)."""
+    key: object             # names the table's sums across ranks, alike on every rank
+    variable: tf.Variable
+    routed_lookup: str = ""  # the routed lookup (core/parallel/rows.py) that reads the table,
+    #                          split by rows over the ranks ("": not split)
+    exchanged: bool = False  # a model-parallel piece whose lookups and gradients the family's
+    #                          own collectives carry (DLRM's all-to-all): nothing to sum
+    dynamic: bool = False    # maps any id to a row, row 0 the rare row (core/dynamic.py)
+    distinct_rows: bool = False  # its lookups read each distinct id of a batch once
+
+
+def table_bookkeeping(declarations) -> tuple:
+    """(tables, lookup_collectives) of a task from its TableDeclarations. A table neither
+    routed nor exchanged is held whole by every rank: replicated. A routed table's gradient
+    holds the rows every rank read, so not distinct ones; a routed dynamic table's shares
+    each hold a copy of the rare row, whose gradient is summed across ranks. A frozen table
+    (not trainable) gets no gradient, but its lookup still runs. lookup_collectives: each
+    routed lookup's collectives once, in declaration order, which is alike on every rank."""
+    declarations = list(declarations)
+    tables = [TableGradient(d.key, d.variable, replicated=not (d.routed_lookup or d.exchanged),
+                            distinct_rows=d.distinct_rows and not d.routed_lookup,
+                            row_zero_sum=rare_row_name(d.key)
+                            if d.routed_lookup and d.dynamic else "")
+              for d in declarations if d.variable.trainable]
+    lookups = dict.fromkeys(d.routed_lookup for d in declarations if d.routed_lookup)
+    return tables, [name for lookup in lookups for name in collective_names(lookup)]
 
 
 @dataclass(frozen=True)
@@ -107,7 +140,7 @@ def dense_gradient_name(variable: str) -> str:
 def rare_row_name(table) -> str:
     """Names the sum across ranks of the gradient of a dynamic table's rare row (a copy in
     every rank's share; TableGradient.row_zero_sum)."""
-    return f"rare_row_grad_{table}"
+    return f"rare_row_grad_table_{table}"
 
 
 def replicated_gradient_name(table) -> str:

@@ -1,10 +1,9 @@
 """Wide & Deep as a client of the training engine (training/engine.py): its lookups (wide
 terms, pooled and projected deep rows), its dense part, and two optimizer groups as in the
 reference: FTRL with a constant rate for the wide part, RMSProp with the deep schedule for
-the deep part. A table every rank holds whole has its gradient rows summed across ranks; a
-feature split over the ranks (--sharding) is read by a routed lookup, whose backward pass
-brings its gradient rows to the rank holding them; a dynamic feature's shares sum their
-rare row's gradient across ranks.
+the deep part. Its tables are declared to the engine (table_bookkeeping): a feature split
+over the ranks (--sharding) has its wide and deep tables read by one routed lookup; the
+others every rank holds whole.
 """
 from __future__ import annotations
 
@@ -12,11 +11,10 @@ import tensorflow as tf
 
 from core.pipelines import DictPipeline
 from core.optimizers import FTRL, RMSProp
-from core.parallel.rows import collective_names
-from training import OptimizerGroup, TableGradient, Trainer, compute_dtype_for
+from training import (OptimizerGroup, TableDeclaration, Trainer, compute_dtype_for,
+                      table_bookkeeping)
 from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
 from training.checkpoint import slot_row_ranges, with_slots
-from training.engine import rare_row_name
 from wide_and_deep.model import routed_lookup_name
 
 # The reference's RMSProp decay for the deep part.
@@ -28,14 +26,12 @@ class WideDeepTask:
         self.model, self.comm, self.label_feature, self.seed = model, comm, label, seed
         self.dense_variables = model.dense_variables()
         routed = model.routed_features()
-        split = {n for f in routed for n in (f"wide/{f}", f"deep/{f}")}
-        shared_rare_row = {n for f in routed if f in model.dynamic
-                           for n in (f"wide/{f}", f"deep/{f}")}
-        self.tables = [TableGradient(n, v, n not in split, row_zero_sum=rare_row_name(n)
-                                     if n in shared_rare_row else "")
-                       for n, v in model.tables().items()]
-        self.lookup_collectives = [c for f in routed
-                                   for c in collective_names(routed_lookup_name(f))]
+        # keyed by checkpoint name, as model.tables() (wide, then deep)
+        self.tables, self.lookup_collectives = table_bookkeeping(
+            TableDeclaration(f"{part}/{f}", var, dynamic=f in model.dynamic,
+                             routed_lookup=routed_lookup_name(f) if f in routed else "")
+            for part, tables in (("wide", model.wide_tables), ("deep", model.deep_tables))
+            for f, var in tables.items())
 
     def lookup(self, batch):
         wide_terms, embeddings, layout = self.model.lookup(batch, training=True)
