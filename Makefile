@@ -5,7 +5,7 @@ PYTEST_ARGS ?=
 # process, a JVM or a timeout for part of their time, so two share two cores well
 TEST_WORKERS ?= 2
 
-.PHONY: setup test demo demo-wd demo-sim bench clean
+.PHONY: setup test demo demo-wd demo-sim demo-retrieval bench clean
 
 setup:
 	@bash tools/setup_env.sh
@@ -20,6 +20,10 @@ demo: setup
 # SIM vs DIEN (and DIN) on synthetic data with a long-history signal (sim/README.md)
 demo-sim: setup
 	@bash tools/demo_sim.sh
+
+# SASRec and HSTU on Amazon Beauty beside the published figures (retrieval/README.md)
+demo-retrieval: setup
+	@bash tools/demo_retrieval.sh
 
 # Wide & Deep on synthetic Outbrain-shaped data (wide_and_deep/README.md)
 demo-wd: setup

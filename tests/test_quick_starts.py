@@ -12,14 +12,22 @@ import pytest
 
 from conftest import HOROVODRUN, ROOT, bash_lines, bounded_run, require_or_skip
 
-README_QUICK_STARTS = ["README.md", "wide_and_deep/README.md", "sim/README.md"]
+README_QUICK_STARTS = ["README.md", "wide_and_deep/README.md", "sim/README.md",
+                       "retrieval/README.md"]
 DEMO_SCRIPTS = {"demo": "tools/demo.sh", "demo-wd": "tools/demo_wd.sh",
-                "demo-sim": "tools/demo_sim.sh"}
+                "demo-sim": "tools/demo_sim.sh", "demo-retrieval": "tools/demo_retrieval.sh"}
 FIGURE = r"\d+\.\d+"
 DEMO_HEADLINES = {"demo": rf"demo result: test AUC {FIGURE} over [\d,]+ rows",
                   "demo-wd": rf"demo result: test AUC {FIGURE}, MAP@12 {FIGURE}",
                   "demo-sim": rf"demo result: test AUC SIM {FIGURE} vs DIEN {FIGURE} .*DIN.* "
-                              rf"{FIGURE}\); inference [\d,]+ samples/s"}
+                              rf"{FIGURE}\); inference [\d,]+ samples/s",
+                  "demo-retrieval": rf"demo result: test NDCG@10 SASRec {FIGURE} \(epoch \d+\), "
+                                    rf"HSTU {FIGURE}"}
+# Amazon Beauty (the retrieval quick start's data), as the demo finds it
+BEAUTY = next((p for p in (os.path.join(os.path.dirname(ROOT), "shared", "data", "sequential",
+                                        "Beauty.txt"),
+                           "/work/shared/data/sequential/Beauty.txt") if os.path.isfile(p)),
+              "")
 
 
 def files_in_tree() -> set:
@@ -83,8 +91,11 @@ SMOKE = {
     "sim.synthetic": ({}, ["--users", "100"]),
     "sim.main": ({}, ["--epochs", "1", "--stage_one_mlp_dims", "16", "--stage_two_mlp_dims",
                       "16,8", "--aux_mlp_dims", "8"]),
+    "retrieval.prepare_dataset": ({"--src": BEAUTY}, []),
+    "retrieval.main": ({}, ["--epochs", "1", "--embedding_dim", "16", "--max_sequence_length",
+                            "10", "--cpu"]),
 }
-TRAINING_PROGRAMS = ("dlrm.py", "dcnv2.py", "wide_and_deep.main", "sim.main")
+TRAINING_PROGRAMS = ("dlrm.py", "dcnv2.py", "wide_and_deep.main", "sim.main", "retrieval.main")
 
 
 def headline(argv: list):
@@ -92,7 +103,12 @@ def headline(argv: list):
     AUC, or the evaluation's AUC (--mode eval); None for the data tools."""
     if program(argv) not in TRAINING_PROGRAMS:
         return None
-    if "--mode" in argv and argv[argv.index("--mode") + 1] == "eval":
+    mode = argv[argv.index("--mode") + 1] if "--mode" in argv else "train"
+    if program(argv) == "retrieval.main":
+        return {"train": rf"done: step \d+, kept the best evaluation, epoch \d+ \(step \d+\): "
+                         rf"ndcg@10 {FIGURE}",
+                "export": r"exported \S+ \(top \d+ of \d+ items\)"}[mode]
+    if mode == "eval":
         return rf"eval: auc {FIGURE}"
     return rf"done: step \d+, train_loss {FIGURE}\s+auc {FIGURE}"
 
@@ -137,6 +153,8 @@ def test_quick_start_command_lines_run_at_smoke_size(readme, tmp_path):
     assert commands, f"{readme}: no command in its quick start"
     if any(c[0] == "horovodrun" for c in commands):
         require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
+    if any(program(c) == "retrieval.prepare_dataset" for c in commands if "-m" in c):
+        require_or_skip(bool(BEAUTY), "needs Amazon Beauty (shared/data/sequential/Beauty.txt)")
     for command in commands:
         argv = smoke(command, tmp_path)
         proc = bounded_run(argv, timeout=300, cwd=str(tmp_path),
