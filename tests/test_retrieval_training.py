@@ -55,11 +55,12 @@ def results(out) -> dict:
     return json.load(open(os.path.join(out, "results.json")))
 
 
-@pytest.mark.parametrize("model", ["sasrec", "hstu"])
-def test_learns_the_successor_pattern_and_reports_the_kept_epoch(data, tmp_path, model):
+@pytest.mark.parametrize("model,amp", [("sasrec", False), ("hstu", False), ("hstu", True)])
+def test_learns_the_successor_pattern_and_reports_the_kept_epoch(data, tmp_path, model, amp):
+    """--amp: bfloat16 compute where the CPU has it, else float32 (said in one line)."""
     out = str(tmp_path / model)
     proc = retrieval("--model", model, "--dataset_dir", data, "--output_dir", out,
-                     "--epochs", "8", *TINY)
+                     "--epochs", "8", *TINY, *(["--amp"] if amp else []))
     got = results(out)
     assert set(got) == {"valid", "test", "best_epoch"}
     keys = {"hr@1", "hr@5", "hr@10", "hr@20", "hr@50", "ndcg@5", "ndcg@10", "ndcg@20",
@@ -175,3 +176,21 @@ def test_bad_requests_end_in_one_error_line(data, tmp_path, flags, culprit):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and culprit in errors[0], proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
+
+
+def test_an_id_outside_the_static_table_is_one_error_line(data, tmp_path):
+    """A spec whose catalogue is smaller than the ids in the files: the reader stops at the
+    first id outside 1..N, naming the feature and where."""
+    import shutil
+    import yaml
+    bad = tmp_path / "bad"
+    shutil.copytree(data, bad)
+    spec = yaml.safe_load(open(bad / "feature_spec.yaml"))
+    spec["feature_spec"]["item_ids"]["cardinality"] = 5
+    yaml.safe_dump(spec, open(bad / "feature_spec.yaml", "w"))
+    proc = bounded_run([sys.executable, "-m", "retrieval.main", "--model", "sasrec",
+                        "--dataset_dir", str(bad), "--output_dir", str(tmp_path / "out"),
+                        *TINY], timeout=120)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
+    assert "item_ids" in errors[0] and "Traceback" not in proc.stderr
