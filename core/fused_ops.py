@@ -40,9 +40,11 @@ COMPILE_FLAGS = ("-O3", "-mavx2", "-mfma", "-fno-math-errno")
 
 
 def _source_digest(name: str) -> str:
-    """The sha1 of the source and the flags: a change of either rebuilds the library."""
+    """The sha1 of the source, the flags and TensorFlow's version: a change of any rebuilds
+    the library (one built against another TensorFlow fails to load: its ABI differs)."""
     with open(source(name), "rb") as f:
-        return hashlib.sha1(f.read() + " ".join(COMPILE_FLAGS).encode()).hexdigest()
+        return hashlib.sha1(f.read() + " ".join(COMPILE_FLAGS).encode()
+                            + tf.__version__.encode()).hexdigest()
 
 
 def is_current(name: str) -> bool:

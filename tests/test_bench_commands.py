@@ -27,6 +27,7 @@ TOY = {
     "train_throughput.py": {**SMALL_RUN, "--batch_sizes": "64"},
     "wd_train_throughput.py": {**SMALL_RUN, "--batch_size": "64", "--warmup": "1",
                                "--scale": "0.0001"},
+    "retrieval_throughput.py": {**SMALL_RUN, "--batch_size": "16", "--warmup": "1"},
     "sim_train_throughput.py": {**SMALL_RUN, "--batch_size": "16", "--warmup": "1",
                                 "--inference_steps": "2"},
     "hybrid_throughput.py": {**SMALL_RUN, "--batch_size": "64", "--tables": "3",
