@@ -1,5 +1,5 @@
-"""From a retrieval dataset (retrieval.prepare_dataset) to model inputs: readers per rank of
-left-padded sequences (retrieval.contract's layout), the catalogue, whole mappings as numpy.
+"""From a retrieval dataset (retrieval.prepare_dataset) to model inputs: the catalogue, and
+whole mappings as numpy in the left-padded layout (retrieval.contract).
 
 A batch (SequenceBatches.get, read_sequences): `item_ids` int64 [b, length + 1] left-padded
 with 0, most recent item last, the row's target its last column (train rows: every column's
@@ -79,20 +79,6 @@ class SequenceBatches:
         return batch
 
 
-def open_sequences(spec: FeatureSpec, mapping: str, batch_size: int, length: int, comm,
-                   drop_last: bool = False) -> SequenceBatches:
-    """This rank's reader of a mapping (rows split per rank as ColumnarReader does); an
-    empty mapping is an error naming it."""
-    length = _check_length(length)
-    reader = open_reader(spec, mapping, batch_size, rank=comm.rank, world_size=comm.size,
-                         drop_last=drop_last)
-    if reader.num_rows == 0 or len(reader) == 0:
-        raise RetrievalDataError(f"the '{mapping}' data of {spec.base_directory} has "
-                                 f"{reader.num_rows} rows, fewer than one batch of "
-                                 f"{batch_size}")
-    return SequenceBatches(reader, spec, length)
-
-
 def read_sequences(spec: FeatureSpec, mapping: str, length: int = None) -> dict:
     """Every row of a mapping (all ranks' rows) in the batch layout, as numpy; length:
     default the stored max_length. An empty mapping is an error naming it."""
@@ -103,7 +89,3 @@ def read_sequences(spec: FeatureSpec, mapping: str, length: int = None) -> dict:
     wrapped = SequenceBatches(reader, spec, length)
     batches = [wrapped.get(i) for i in range(len(wrapped))]
     return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
-
-
-def user_feature(spec: FeatureSpec) -> str:
-    return spec.channel(USER_CHANNEL)[0]

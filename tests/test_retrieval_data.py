@@ -17,11 +17,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BEAUTY = "/work/shared/data/sequential/Beauty.txt"
 
 
-class World:
-    def __init__(self, rank=0, size=1):
-        self.rank, self.size = rank, size
-
-
 # ---- the reference: plain Python --------------------------------------------------------
 def reference_split(sequences: dict, max_length: int) -> dict:
     """{mapping: {user: items}} from {user: items oldest first}, the rule spelled out."""
@@ -195,29 +190,19 @@ def test_raw_ids_are_dynamic(tmp_path):
 
 
 # ---- the reader ---------------------------------------------------------------------------
-def test_reader_left_pads_truncates_and_shards(tmp_path):
+def test_reader_left_pads_and_truncates(tmp_path):
     lines = [f"{u} " + " ".join(str(10 * u + k) for k in range(1, u + 4)) for u in range(1, 8)]
     src = write(tmp_path / "seq.txt", "\n".join(lines))
     prepare("--src", src, "--format", "lines", "--dst", tmp_path / "out", "--max_length", 6)
     spec = data.load(str(tmp_path / "out"))
-    sequences = read_lines(src)
-    test = reference_split(sequences, 6)["test"]
+    test = reference_split(read_lines(src), 6)["test"]
     for length in (2, 6, 9):
-        reader = data.open_sequences(spec, "test", 3, length, World())
-        assert len(reader) == 3 and reader.num_rows == 7
-        batches = [reader.get(i) for i in range(len(reader))]
-        for batch in batches:
-            assert set(batch) == {ITEMS, USER}
-            assert batch[ITEMS].shape == (len(batch[USER]), length + 1)
-            for user, row in zip(batch[USER], batch[ITEMS]):
-                kept = test[user][-(length + 1):]
-                assert list(row) == [0] * (length + 1 - len(kept)) + kept
-    # two ranks: each gets its slice of every batch, together all rows once
-    halves = [data.open_sequences(spec, "test", 4, 3, World(r, 2)) for r in (0, 1)]
-    users = [u for i in range(2) for h in halves for u in h.get(i)[USER]]
-    assert sorted(users) == list(range(1, 8))
-    dropped = data.open_sequences(spec, "test", 4, 3, World(), drop_last=True)
-    assert len(dropped) == 1
+        rows = data.read_sequences(spec, "test", length)
+        assert set(rows) == {ITEMS, USER}
+        assert rows[ITEMS].shape == (7, length + 1)
+        for user, row in zip(rows[USER], rows[ITEMS]):
+            kept = test[user][-(length + 1):]
+            assert list(row) == [0] * (length + 1 - len(kept)) + kept
 
 
 def test_reader_empty_mapping_is_named(tmp_path):
@@ -226,7 +211,7 @@ def test_reader_empty_mapping_is_named(tmp_path):
     spec = data.load(str(tmp_path / "out"))
     assert spec.metadata["rows"]["train"] == 0
     with pytest.raises(data.RetrievalDataError, match="'train'"):
-        data.open_sequences(spec, "train", 2, 5, World())
+        data.read_sequences(spec, "train", 5)
 
 
 # ---- errors: exit status 2, one `error:` line ------------------------------------------
@@ -322,15 +307,3 @@ def test_parquet_source(tmp_path):
     pq.write_table(table.drop(["item"]), tmp_path / "bad.parquet")
     line = run("--src", tmp_path / "bad.parquet", "--format", "csv", "--dst", tmp_path / "o")
     assert "bad.parquet" in line and "'item'" in line and "timestamp, user, rating" in line
-
-
-def test_dict_pipeline_reads_the_batches(tmp_path):
-    """The reader as training wraps it (core.pipelines.DictPipeline, tf.data)."""
-    from core.pipelines import DictPipeline
-    src = write(tmp_path / "seq.txt", "1 1 2 3 4 5\n2 6 7\n3 8 9 10\n")
-    prepare("--src", src, "--format", "lines", "--dst", tmp_path / "out")
-    spec = data.load(str(tmp_path / "out"))
-    pipe = DictPipeline(data.open_sequences(spec, "train", 2, 3, World()))
-    batches = list(pipe.dataset(range(len(pipe))))
-    assert [b[ITEMS].numpy().tolist() for b in batches] == [[[0, 1, 2, 3], [0, 0, 6, 7]]]
-    assert batches[0][USER].numpy().tolist() == [1, 2]
