@@ -14,8 +14,7 @@ import numpy as np
 from core.columnar import open_reader
 from core.feature_spec import DynamicSpec, FeatureSpec
 from core.sources import DatasetError, length_key, load_spec
-from retrieval.contract import (ITEM_CHANNEL, RETRIEVAL_CONTRACT, TIMESTAMP_CHANNEL,
-                                USER_CHANNEL, left_padded)
+from retrieval.contract import ITEM_CHANNEL, RETRIEVAL_CONTRACT, TIMESTAMP_CHANNEL, left_padded
 
 
 class RetrievalDataError(DatasetError):
