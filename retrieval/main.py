@@ -59,9 +59,9 @@ flags.DEFINE_integer("num_heads", 1, "Attention heads", lower_bound=1)
 flags.DEFINE_float("dropout_rate", 0.3, "Dropout of the embedded input and every residual "
                    "branch")
 flags.DEFINE_float("attention_dropout", 0.0, "Dropout of the attention weights")
-flags.DEFINE_bool("normalize", False, "Score L2-normalised vectors (divided by "
+flags.DEFINE_bool("normalize", True, "Score L2-normalised vectors (divided by "
                   "--temperature)")
-flags.DEFINE_float("temperature", 1.0, "Scores are divided by this")
+flags.DEFINE_float("temperature", 0.05, "Scores are divided by this")
 flags.DEFINE_enum("loss", "full", list(LOSSES), "full: cross-entropy over every item; "
                   "sampled: sampled softmax (--negatives), for catalogues too large to score "
                   "whole at every step")
@@ -69,11 +69,11 @@ flags.DEFINE_enum("negatives", "uniform", list(NEGATIVES), "--loss sampled: unif
                   "of the catalogue, or the batch's other next items")
 flags.DEFINE_integer("num_negatives", 128, "--loss sampled --negatives uniform: draws per "
                      "step", lower_bound=1)
-flags.DEFINE_float("lr", 0.003, "Adam's learning rate")
+flags.DEFINE_float("lr", 0.006, "Adam's learning rate")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (AdamW)")
 flags.DEFINE_integer("batch_size", 128, "Histories per step over all processes", lower_bound=1)
-flags.DEFINE_integer("epochs", 200, "Most passes over the training histories", lower_bound=1)
-flags.DEFINE_integer("early_stopping_patience", 10, "Stop after this many evaluations "
+flags.DEFINE_integer("epochs", 60, "Most passes over the training histories", lower_bound=1)
+flags.DEFINE_integer("early_stopping_patience", 6, "Stop after this many evaluations "
                      "without a better validation NDCG@10 (0: never)", lower_bound=0)
 flags.DEFINE_integer("eval_batch_size", 1024, "Users scored at once in an evaluation",
                      lower_bound=1)
