@@ -72,7 +72,7 @@ flags.DEFINE_integer("num_negatives", 128, "--loss sampled --negatives uniform: 
 flags.DEFINE_float("lr", 0.006, "Adam's learning rate")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (AdamW)")
 flags.DEFINE_integer("batch_size", 128, "Histories per step over all processes", lower_bound=1)
-flags.DEFINE_integer("epochs", 60, "Most passes over the training histories", lower_bound=1)
+flags.DEFINE_integer("epochs", 30, "Most passes over the training histories", lower_bound=1)
 flags.DEFINE_integer("early_stopping_patience", 6, "Stop after this many evaluations "
                      "without a better validation NDCG@10 (0: never)", lower_bound=0)
 flags.DEFINE_integer("eval_batch_size", 1024, "Users scored at once in an evaluation",
