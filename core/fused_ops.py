@@ -123,6 +123,24 @@ def segment_sum_rows(data, segment_ids, num_segments):
 
 
 @tf.autograph.experimental.do_not_convert
+def gather_segment_sum_rows(data, indices, segment_ids, num_segments, sorted_ids=False):
+    """The sums of data[indices[i]] per segment_ids[i] (num_segments rows) without the
+    gathered copy: the GatherSegmentSumRows op (ops/segment_sum_rows.cc) for float32 on a CPU,
+    else TensorFlow's ops. sorted_ids False: segment_sum_rows(tf.gather(data, indices),
+    segment_ids, num_segments), bit for bit; True (segment_ids sorted):
+    tf.sparse.segment_sum(data, indices, segment_ids, num_segments), bit for bit."""
+    lib = cpu_library("segment_sum_rows")
+    if lib is None or data.dtype != tf.float32:
+        if sorted_ids:
+            return tf.sparse.segment_sum(data, indices, segment_ids, num_segments=num_segments)
+        return segment_sum_rows(tf.gather(data, indices), segment_ids, num_segments)
+    if indices.dtype != segment_ids.dtype:
+        indices, segment_ids = tf.cast(indices, tf.int64), tf.cast(segment_ids, tf.int64)
+    return lib.gather_segment_sum_rows(data, indices, segment_ids,
+                                       tf.cast(num_segments, tf.int64), grouped=sorted_ids)
+
+
+@tf.autograph.experimental.do_not_convert
 def distinct_ids(ids, num_rows: int):
     """tf.unique(ids) (distinct in order of first appearance, int32 positions) for the 1-D
     ids of a table of num_rows rows: the DistinctIds op (ops/distinct_ids.cc, no hashing

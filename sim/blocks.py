@@ -579,6 +579,20 @@ def gather_rows(params, indices):
     return gather(params)
 
 
+def batch_gather_rows(params, indices):
+    """tf.gather(params, indices, batch_dims=1) of params [B, L, ...] and indices [B, k]
+    (each row's positions), as one gather_rows of the flattened rows: its gradient is
+    SegmentSumRows, where TensorFlow's batch-gather gradient is UnsortedSegmentSum (about
+    4x slower on TensorFlow 2.21 than 2.17 at SIM's top-k selection: 1.4 -> 6.7 ms of a
+    ~100 ms step, batch 1024, 50 of 90 rows of 32). The same values and gradients."""
+    inner = params.shape[2:]
+    flat_shape = ([-1, *inner.as_list()] if inner.is_fully_defined() else
+                  tf.concat([[-1], tf.shape(params)[2:]], 0))
+    length = tf.shape(params, out_type=indices.dtype)[1]
+    rows = tf.range(tf.shape(indices, out_type=indices.dtype)[0])[:, None] * length
+    return gather_rows(tf.reshape(params, flat_shape), indices + rows)
+
+
 def steps_between(x, start: int, stop: int = None, axis: int = 1):
     """x[start:stop] along the static steps axis (1: batch-major [B, S, ...], 0: time-major),
     whose gradient is a pad: TensorFlow's gradient of the slice (StridedSliceGrad) costs

@@ -521,7 +521,7 @@ class SimModel(tf.Module):
         gsu_logit = tf.cast(tf.squeeze(gsu_logit, -1), tf.float32)
         k = min(c.gsu_top_k, c.long_seq_length)
         indices, selected_mask = blocks.top_k_selection(tf.stop_gradient(weights), k)
-        selected = tf.gather(long, indices, batch_dims=1)
+        selected = blocks.batch_gather_rows(long, indices)
         esu, _ = blocks.attention_pool(blocks.dot_product if c.dot else self.long_attention,
                                        target, selected, selected_mask, compute_dtype,
                                        normalize=c.dot)

@@ -151,6 +151,49 @@ def test_segment_sum_rows_matches_numpy_and_tensorflow(index_dtype):
         fused_ops.segment_sum_rows(data_t[:4], tf.constant([0, 1, 2, 800], index_dtype), 800)
 
 
+@pytest.mark.parametrize("width", [1, 7, 64])
+@pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
+def test_gather_segment_sum_rows_is_tensorflow_bit_for_bit(width, index_dtype):
+    """GatherSegmentSumRows: with sorted segment ids (segments of 0 to 25 rows, so every
+    grouping of SparseSegmentSum's 8-row sums) tf.sparse.segment_sum's bits, in a tf.function
+    too; in any order, SegmentSumRows of the gathered rows; both near numpy's add.at; an index
+    or segment id out of range and unsorted ids where sorted is asked are errors naming them."""
+    require_or_skip(fused_ops.is_current("segment_sum_rows"), "build/segment_sum_rows.so is "
+                    "not built (python -m core.fused_ops --build)")
+    rng = np.random.default_rng(11)
+    lengths = rng.integers(0, 26, 60)
+    lengths[:4] = [0, 1, 9, 17]
+    segments = np.repeat(np.arange(60), lengths)
+    indices = rng.integers(0, 300, segments.size)
+    data = (rng.standard_normal((300, width)) *
+            10.0 ** rng.uniform(-3, 3, (300, 1))).astype(np.float32)
+    expected = np.zeros((62, width))
+    np.add.at(expected, segments, data.astype(np.float64)[indices])
+    data_t, idx_t, seg_t = (tf.constant(data), tf.constant(indices, index_dtype),
+                            tf.constant(segments, index_dtype))
+    grouped = fused_ops.gather_segment_sum_rows(data_t, idx_t, seg_t, 62, sorted_ids=True)
+    np.testing.assert_array_equal(
+        grouped.numpy(), tf.sparse.segment_sum(data_t, idx_t, seg_t, num_segments=62).numpy())
+    compiled = tf.function(lambda d, i, s: fused_ops.gather_segment_sum_rows(d, i, s, 62, True))
+    np.testing.assert_array_equal(compiled(data_t, idx_t, seg_t).numpy(), grouped.numpy())
+    order = rng.permutation(segments.size)
+    idx_t, seg_t = tf.gather(idx_t, order), tf.gather(seg_t, order)
+    ungrouped = fused_ops.gather_segment_sum_rows(data_t, idx_t, seg_t, 62)
+    np.testing.assert_array_equal(
+        ungrouped.numpy(), fused_ops.segment_sum_rows(tf.gather(data_t, idx_t), seg_t, 62))
+    for out in (grouped, ungrouped):
+        np.testing.assert_allclose(out.numpy(), expected, rtol=1e-4, atol=1e-3)
+        np.testing.assert_array_equal(out.numpy()[60:], 0)
+    two = tf.constant([0, 1], index_dtype)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="index 300 at 1"):
+        fused_ops.gather_segment_sum_rows(data_t, tf.constant([0, 300], index_dtype), two, 62)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="segment id 62 at 1"):
+        fused_ops.gather_segment_sum_rows(data_t, two, tf.constant([0, 62], index_dtype), 62)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not sorted at 1"):
+        fused_ops.gather_segment_sum_rows(data_t, two, tf.constant([1, 0], index_dtype), 62,
+                                          sorted_ids=True)
+
+
 @pytest.mark.parametrize("rows", [60, 100_000])  # a slot per row / a hash map (> 8 per id)
 @pytest.mark.parametrize("index_dtype", [tf.int32, tf.int64])
 def test_distinct_ids_are_tf_unique(rows, index_dtype):

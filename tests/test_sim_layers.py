@@ -247,3 +247,23 @@ def test_sim_search_with_dot_scoring_matches_numpy():
     expected_mean = (selected * sel_mask[:, :, None]).sum(1) / (sel_mask.sum(1) + 1)[:, None]
     np.testing.assert_allclose(mean.numpy(), expected_mean, rtol=1e-5, atol=1e-6)
     assert not hasattr(model, "gsu_scorer")  # stage_one_mlp_dims: the GSU head's only
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.bfloat16])
+def test_batch_gather_rows_is_tf_gather_with_batch_dims(dtype):
+    """SIM's selection of the top-k rows: the values and the gradient of
+    tf.gather(params, indices, batch_dims=1), bit for bit (SegmentSumRows for float32)."""
+    rng = np.random.default_rng(9)
+    params = tf.cast(tf.constant(rng.standard_normal((5, 9, 3, 2)), F32), dtype)
+    indices = tf.math.top_k(tf.constant(rng.random((5, 9)), F32), 4).indices
+    upstream = tf.cast(tf.constant(rng.standard_normal((5, 4, 3, 2)), F32), dtype)
+    got = []
+    for gather in (lambda p: tf.gather(p, indices, batch_dims=1),
+                   lambda p: blocks.batch_gather_rows(p, indices)):
+        with tf.GradientTape() as tape:
+            tape.watch(params)
+            out = gather(params)
+            loss = tf.reduce_sum(out * upstream)
+        got.append((out.numpy(), tf.convert_to_tensor(tape.gradient(loss, params)).numpy()))
+    for expected, actual in zip(*got):
+        np.testing.assert_array_equal(actual, expected)

@@ -326,15 +326,18 @@ class WideDeepModel(tf.Module):
 
 
 def _rows_summed(data, indices, segment_ids, num_segments):
-    """tf.sparse.segment_sum(data, indices, segment_ids, num_segments) with its gradient as a
-    gather and SegmentSumRows: TensorFlow 2.21's SparseSegmentSumGrad takes about 5x 2.17's
-    time here, most of the W&D step's slow-down (bench/results/tf221_vs_tf217.txt)."""
+    """tf.sparse.segment_sum(data, indices, segment_ids, num_segments) (segment_ids sorted)
+    and its gradient, a gather of the upstream rows summed per index, each as one
+    GatherSegmentSumRows (the same bits): TensorFlow 2.21's SparseSegmentSumGrad takes about
+    5x 2.17's time here, its SparseSegmentSum and GatherV2 40-50 % more
+    (bench/results/tf221_vs_tf217.txt)."""
     @tf.custom_gradient
     def summed(rows):
         def grad(upstream):  # rows[indices[i]] went into segment segment_ids[i]
-            return fused_ops.segment_sum_rows(tf.gather(upstream, segment_ids), indices,
-                                              tf.shape(rows)[0])
-        return tf.sparse.segment_sum(rows, indices, segment_ids, num_segments=num_segments), grad
+            return fused_ops.gather_segment_sum_rows(upstream, segment_ids, indices,
+                                                     tf.shape(rows)[0])
+        return fused_ops.gather_segment_sum_rows(rows, indices, segment_ids, num_segments,
+                                                 sorted_ids=True), grad
     return summed(data)
 
 
