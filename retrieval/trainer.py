@@ -3,9 +3,9 @@ embeds the history and scores the next item over the whole catalogue, so its gra
 dense: it is one of the dense variables (summed across ranks) and the family declares no
 sparse table. One optimizer (Adam, or AdamW with --weight_decay) at a constant rate.
 
-A batch is ({"item_ids": int64 [b, L + 1], "timestamps"?}, global_rows, first_row) (retrieval/
-batches.py): each row's ids
-left-padded with 0, most recent last (retrieval/data.py). Training reads positions 0..L-1 and
+A batch is ({"item_ids": int64 [b, L + 1], "timestamps"?}, global_rows, first_row)
+(retrieval/batches.py): each row's ids left-padded with 0, most recent last
+(retrieval/data.py). Training reads positions 0..L-1 and
 predicts positions 1..L: every (history prefix, next item) pair of the row whose history is
 not empty. The loss is the cross-entropy over all items of each such pair, summed over a
 row's pairs and averaged over the global batch's rows, so N ranks take one process's step.
@@ -56,18 +56,18 @@ def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, c
     if negatives == "uniform":
         sampled = tf.random.stateless_uniform([count], seed, 1, items + 1, tf.int64)
         log_q = tf.fill([count], tf.math.log(tf.cast(count, tf.float32) / items))
+        target_log_q = log_q[0]
     else:
         sampled, position, counts = tf.unique_with_counts(targets, out_idx=tf.int64)
         log_q = tf.math.log(tf.cast(counts, tf.float32) / tf.cast(tf.size(targets), tf.float32))
+        target_log_q = tf.gather(log_q, position)
     queries = tf.cast(model.queries(vectors), compute_dtype)
     table = model.catalogue()
     positive = tf.reduce_sum(tf.cast(queries, tf.float32) * tf.gather(table, targets - 1), -1)
     negative = tf.cast(tf.matmul(queries, tf.cast(tf.gather(table, sampled - 1), compute_dtype),
                                  transpose_b=True), tf.float32) - log_q
     negative = tf.where(tf.equal(targets[:, None], sampled[None, :]), -1e9, negative)
-    positive_log_q = tf.math.log(tf.cast(count, tf.float32) / items) if negatives == "uniform" \
-        else tf.gather(log_q, position)
-    logits = tf.concat([(positive - positive_log_q)[:, None], negative], 1)
+    logits = tf.concat([(positive - target_log_q)[:, None], negative], 1)
     return tf.nn.sparse_softmax_cross_entropy_with_logits(
         labels=tf.zeros_like(targets, tf.int32), logits=logits)
 
