@@ -27,6 +27,7 @@ from absl import app, flags
 from core import plot_log
 from core.cli import exit_process, run_cli
 from core.dllog import DLLogger
+from core.feature_spec import DynamicSpec
 from core.files import atomic_write_text
 from core.parallel.comm import make_communicator
 from core.sources import load_spec
@@ -81,6 +82,13 @@ flags.DEFINE_bool("filter_seen", False, "Rank only items absent from the user's 
                   "(the published tables rank every item)")
 flags.DEFINE_integer("top_k", 100, "--mode export: items the SavedModel returns per history",
                      lower_bound=1)
+flags.DEFINE_list("dynamic_features", [], "item_ids (or 'all'): the item table learns its "
+                  "ids (raw ids, open vocabulary; prepare_dataset --ids raw marks it so)")
+flags.DEFINE_integer("dynamic_min_count", 1, "--dynamic_features: occurrences before an id "
+                     "gets a row of its own", lower_bound=1)
+flags.DEFINE_integer("dynamic_pending_per_row", DynamicSpec.pending_per_row,
+                     "--dynamic_min_count > 1: ids waiting for it that the table remembers, "
+                     "per row of its capacity", lower_bound=1)
 flags.DEFINE_bool("resume", False, "Continue the training run in --output_dir from its "
                   "checkpoint (the same data: it ends as an uninterrupted run would)")
 flags.DEFINE_bool("warm_start", False, "Start a new training run (epochs, model selection) "
@@ -217,6 +225,9 @@ def work() -> None:
                       enabled=comm.rank == 0)
     logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})
     spec = load_spec(F.dataset_dir, RETRIEVAL_CONTRACT, F.feature_spec)
+    if F.dynamic_features:
+        spec = spec.with_dynamic(F.dynamic_features, DynamicSpec(
+            F.dynamic_min_count, pending_per_row=F.dynamic_pending_per_row))
     with outputs.claimed(comm, written_paths()):
         run(spec, comm, logger)
     if F.mode == "train" and comm.rank == 0:

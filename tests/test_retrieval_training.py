@@ -165,6 +165,21 @@ def test_dynamic_item_table_takes_and_serves_raw_ids(tmp_path):
     assert 31 * scale + offset in top and 0 not in top
 
 
+def test_dynamic_features_turns_a_static_catalogue_open(data, tmp_path):
+    """--dynamic_features item_ids on dense ids: the table maps them as raw ids and serves
+    them back (30 items seen, all of them candidates)."""
+    import tensorflow as tf
+    out = str(tmp_path / "run")
+    common = ["--model", "hstu", "--dataset_dir", data, "--output_dir", out, *TINY,
+              "--dynamic_features", "item_ids"]
+    retrieval(*common, "--epochs", "6")
+    retrieval(*common, "--mode", "export", "--top_k", "5")
+    saved = np.load(os.path.join(out, "saved_model", "item_embeddings.npz"))
+    assert sorted(saved["ids"]) == list(range(1, ITEMS + 1))
+    served = tf.saved_model.load(os.path.join(out, "saved_model")).signatures["serving_default"]
+    assert 13 in served(item_ids=tf.constant([[10, 11, 12]], tf.int64))["top_k_ids"].numpy()
+
+
 @pytest.mark.parametrize("flags,culprit", [
     (["--mode", "export"], "checkpoint"),
     (["--resume"], "checkpoint"),
