@@ -47,10 +47,10 @@ import tensorflow as tf
 out, src = sys.argv[1:]
 history = [int(i) for i in open(src).readline().split()[1:]]
 served = tf.saved_model.load(f"{out}/hstu/saved_model").signatures["serving_default"]
-top = served(item_ids=tf.constant([history[:-1]], tf.int64))["top_k_ids"].numpy()[0]
+top = [int(i) for i in served(item_ids=tf.constant([history[:-1]], tf.int64))["top_k_ids"].numpy()[0]]
 target = history[-1]
-where = f"at rank {list(top).index(target) + 1}" if target in top else "not in the top 100"
-print(f"user 1: history {history[:-1]} -> top 10 {list(top[:10])}; the real next item {target} is {where}")
+where = f"at rank {top.index(target) + 1}" if target in top else f"not in the top {len(top)}"
+print(f"user 1: history {history[:-1]} -> top 10 {top[:10]}; the real next item {target} is {where}")
 PYEOF
 
 echo
