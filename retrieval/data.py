@@ -1,7 +1,7 @@
 """From a retrieval dataset (retrieval.prepare_dataset) to model inputs: the catalogue, and
 whole mappings as numpy in the left-padded layout (retrieval.contract).
 
-A batch (SequenceBatches.get, read_sequences): `item_ids` int64 [b, length + 1] left-padded
+A mapping's rows (read_sequences): `item_ids` int64 [b, length + 1] left-padded
 with 0, most recent item last, the row's target its last column (train rows: every column's
 next one is its target); rows longer than length + 1 keep their most recent items;
 `timestamps` int64 of the same shape when the spec has them; `user_id` int64 [b]."""
@@ -54,30 +54,6 @@ def _check_length(length: int) -> int:
     return int(length)
 
 
-class SequenceBatches:
-    """A ColumnarReader whose sequence features come left-padded to length + 1 (see the
-    module doc) instead of left-aligned with their lengths; ids are range-checked by the core
-    reader (1..cardinality, 0 padding; any id for a dynamic table)."""
-
-    def __init__(self, reader, spec: FeatureSpec, length: int):
-        self._reader, self.spec = reader, spec
-        self.length = _check_length(length)
-        self.sequences = _sequences(spec)
-
-    def __getattr__(self, name):  # the rest of the reader's interface
-        return getattr(self._reader, name)
-
-    def __len__(self):
-        return len(self._reader)
-
-    def get(self, index: int) -> dict:
-        batch = self._reader.get(index)
-        for name in self.sequences:
-            batch[name] = left_padded(batch[name], batch.pop(length_key(name)),
-                                      self.length + 1)
-        return batch
-
-
 def read_sequences(spec: FeatureSpec, mapping: str, length: int = None) -> dict:
     """Every row of a mapping (all ranks' rows) in the batch layout, as numpy; length:
     default the stored max_length. An empty mapping is an error naming it."""
@@ -85,6 +61,13 @@ def read_sequences(spec: FeatureSpec, mapping: str, length: int = None) -> dict:
     reader = open_reader(spec, mapping, 1 << 16)
     if reader.num_rows == 0:
         raise RetrievalDataError(f"the '{mapping}' data of {spec.base_directory} has no rows")
-    wrapped = SequenceBatches(reader, spec, length)
-    batches = [wrapped.get(i) for i in range(len(wrapped))]
+    batches = [_left_padded(spec, reader.get(i), length) for i in range(len(reader))]
     return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+
+
+def _left_padded(spec: FeatureSpec, batch: dict, length: int) -> dict:
+    """A reader's batch with its sequences left-padded to length + 1 (the module doc) instead
+    of left-aligned with their lengths; ids are range-checked by the core reader."""
+    for name in _sequences(spec):
+        batch[name] = left_padded(batch[name], batch.pop(length_key(name)), length + 1)
+    return batch
