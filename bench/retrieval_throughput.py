@@ -80,7 +80,7 @@ def ours(model: str, data: list):
     config = RetrievalConfig(model=model, items=ITEMS, length=LENGTH, width=WIDTH,
                              blocks=BLOCKS, heads=HEADS, dropout=DROPOUT)
     comm = make_communicator()
-    trainer = RetrievalTrainer(Encoder(config), comm, LR)
+    trainer = RetrievalTrainer(Encoder(config), comm, lambda step: LR)
     # the family's own step batches (whatever rides along with the ids)
     steps = [RowBatches({"item_ids": ids}, len(ids), comm).batch(np.arange(len(ids)))
              for ids in data]

@@ -29,6 +29,7 @@ from core.cli import exit_process, run_cli
 from core.dllog import DLLogger
 from core.feature_spec import DynamicSpec
 from core.files import atomic_write_text
+from core.optimizers import LearningRateSchedule
 from core.parallel.comm import make_communicator
 from core.sources import load_spec
 from retrieval import export
@@ -71,6 +72,8 @@ flags.DEFINE_enum("negatives", "uniform", list(NEGATIVES), "--loss sampled: unif
 flags.DEFINE_integer("num_negatives", 128, "--loss sampled --negatives uniform: draws per "
                      "step", lower_bound=1)
 flags.DEFINE_float("lr", 0.006, "Adam's learning rate")
+flags.DEFINE_integer("lr_decay_epochs", 0, "The learning rate falls linearly to zero over "
+                     "the last this many of --epochs (0: constant)", lower_bound=0)
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (AdamW)")
 flags.DEFINE_integer("batch_size", 128, "Histories per step over all processes", lower_bound=1)
 flags.DEFINE_integer("epochs", 30, "Most passes over the training histories", lower_bound=1)
@@ -139,7 +142,17 @@ def save_results(path: str, final: dict) -> None:
     atomic_write_text(path, json.dumps(results, indent=2) + "\n")
 
 
-def train(trainer, spec, comm, logger) -> None:
+def learning_rate(steps_per_epoch: int) -> LearningRateSchedule:
+    if F.lr_decay_epochs > F.epochs:
+        raise ValueError(f"--lr_decay_epochs ({F.lr_decay_epochs}) is more than --epochs "
+                         f"({F.epochs})")
+    decay_start = (F.epochs - F.lr_decay_epochs) * steps_per_epoch
+    return LearningRateSchedule(F.lr, warmup_steps=0, decay_start_step=decay_start,
+                                decay_steps=F.lr_decay_epochs * steps_per_epoch,
+                                decay_power=1.0)
+
+
+def train(trainer, data, spec, comm, logger) -> None:
     where, length = paths(), trainer.model.config.length
     position = {"epoch": 0, "step": 0}
     if F.resume and F.warm_start:
@@ -148,7 +161,6 @@ def train(trainer, spec, comm, logger) -> None:
     if F.resume or F.warm_start:
         resumed = restore(trainer, where["checkpoint"], comm)
         position = resumed if F.resume else position
-    data = RowBatches(rows(spec, "train", length), F.batch_size, comm, shuffle_seed=F.seed)
     validation, test = (RowBatches(rows(spec, m, length), F.eval_batch_size, comm)
                         for m in ("validation", "test"))
 
@@ -190,12 +202,15 @@ def run(spec, comm, logger) -> None:
         raise ValueError("a dynamic item table (raw ids) trains in one process: every rank "
                          "would map other ids to its rows")
     model = Encoder(model_config(spec), items.dynamic)
-    trainer = RetrievalTrainer(model, comm, F.lr, F.weight_decay, F.amp, F.seed,
+    data = (RowBatches(rows(spec, "train", model.config.length), F.batch_size, comm,
+                       shuffle_seed=F.seed) if F.mode == "train" else None)
+    trainer = RetrievalTrainer(model, comm, learning_rate(len(data) if data else 1),
+                               F.weight_decay, F.amp, F.seed,
                                F.divergence_factor, F.filter_seen, F.loss, F.negatives,
                                F.num_negatives)
     comm.broadcast_variables(list(model.named.values()))
     if F.mode == "train":
-        train(trainer, spec, comm, logger)
+        train(trainer, data, spec, comm, logger)
     elif F.mode == "eval":
         evaluate_kept(trainer, spec, comm, logger)
     else:

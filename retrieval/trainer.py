@@ -144,13 +144,14 @@ def batch_signature(config) -> tuple:
 
 
 class RetrievalTrainer(Trainer):
-    def __init__(self, model, comm, lr: float, weight_decay: float = 0.0, amp: bool = False,
+    def __init__(self, model, comm, learning_rate, weight_decay: float = 0.0, amp: bool = False,
                  seed: int = 0, divergence_factor: float = DEFAULT_DIVERGENCE_FACTOR,
                  filter_seen: bool = False, loss: str = "full", negatives: str = "uniform",
                  num_negatives: int = 128):
-        self.model, self.lr, self.filter_seen = model, float(lr), filter_seen
+        """learning_rate: step -> float (core.optimizers.LearningRateSchedule)."""
+        self.model, self.filter_seen = model, filter_seen
         self.optimizer = make_optimizer("adam", dict(model.named), weight_decay)
-        group = OptimizerGroup(self.optimizer, lambda step: self.lr,
+        group = OptimizerGroup(self.optimizer, learning_rate,
                                tuple(model.named.values()))
         signature = batch_signature(model.config)
         task = RetrievalTask(model, int(seed), loss, negatives, num_negatives)

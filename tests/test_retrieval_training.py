@@ -91,6 +91,23 @@ def test_resumed_run_ends_where_an_uninterrupted_one_does(data, tmp_path):
             np.testing.assert_array_equal(a[name], b[name], err_msg=name)
 
 
+def test_lr_decay_epochs_falls_linearly_to_zero_over_the_last_epochs(data, tmp_path):
+    out = str(tmp_path / "decayed")
+    retrieval("--model", "sasrec", "--dataset_dir", data, "--output_dir", out, *TINY,
+              "--epochs", "3", "--lr_decay_epochs", "2", "--print_freq", "1",
+              "--early_stopping_patience", "0")
+    logged = {r["step"][1]: (r["step"][0], r["data"]["learning_rate"])
+              for r in read_log(os.path.join(out, "log.json"))
+              if isinstance(r["step"], list) and "learning_rate" in r["data"]}
+    steps_per_epoch = max(step for step, (epoch, _) in logged.items() if epoch == 0)
+    total = 3 * steps_per_epoch
+    assert max(logged) == total
+    for step, (_, rate) in logged.items():
+        update = step - 1  # the rate logged after a step is the one that step used
+        decayed = min(1.0, (total - update) / (2 * steps_per_epoch))
+        assert rate == pytest.approx(0.01 * decayed), step
+
+
 def test_two_processes_give_the_figures_of_one(data, tmp_path):
     require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
     common = ["--model", "hstu", "--dataset_dir", data, *TINY, "--epochs", "2"]
@@ -185,6 +202,7 @@ def test_dynamic_features_turns_a_static_catalogue_open(data, tmp_path):
     (["--resume"], "checkpoint"),
     (["--resume", "--warm_start"], "--warm_start"),
     (["--num_heads", "3"], "--num_heads"),
+    (["--lr_decay_epochs", "99"], "--lr_decay_epochs"),
 ])
 def test_bad_requests_end_in_one_error_line(data, tmp_path, flags, culprit):
     proc = bounded_run([sys.executable, "-m", "retrieval.main", "--model", "sasrec",
