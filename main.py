@@ -17,7 +17,7 @@ runtime.import_tensorflow()  # its settings first
 from absl import app, flags
 
 import export
-from core.cli import exit_process, run_cli
+from core.cli import exit_process, parse_flags, run_cli
 from core.dllog import DLLogger
 from core.feature_spec import (TEST_MAPPING, TRAIN_MAPPING, VALIDATION_MAPPING, DynamicSpec,
                                FeatureSpec, FeatureSpecError)
@@ -373,7 +373,7 @@ def run():
                 main(argv)  # training divergence is a ValueError (training/engine.py)
         exit_process(run_cli(work, errors=(UsageError, FeatureSpecError, DatasetError,
                                            CheckpointError, ValueError)))
-    app.run(guarded)
+    app.run(guarded, flags_parser=parse_flags)
 
 
 if __name__ == "__main__":

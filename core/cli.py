@@ -24,6 +24,17 @@ def run_cli(work, errors=(OSError, ValueError)) -> int:
     return 0
 
 
+def parse_flags(argv: list) -> list:
+    """absl's flag parser for app.run(flags_parser=...): a bad flag value (an enum's unknown
+    choice, a number out of its bounds, an unknown flag) is the one `error:` line too."""
+    from absl import flags
+    try:
+        return flags.FLAGS(argv)
+    except flags.Error as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(ERROR_STATUS)
+
+
 def exit_process(status: int):
     """Ends a training process with run_cli's status. The error exit flushes the output and
     ends the process at once (os._exit), skipping the interpreter's shutdown: a tf.data

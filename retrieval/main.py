@@ -25,7 +25,7 @@ import tensorflow as tf
 from absl import app, flags
 
 from core import plot_log
-from core.cli import exit_process, run_cli
+from core.cli import exit_process, parse_flags, run_cli
 from core.dllog import DLLogger
 from core.feature_spec import DynamicSpec
 from core.files import atomic_write_text
@@ -72,11 +72,11 @@ flags.DEFINE_enum("negatives", "uniform", list(NEGATIVES), "--loss sampled: unif
 flags.DEFINE_integer("num_negatives", 128, "--loss sampled --negatives uniform: draws per "
                      "step", lower_bound=1)
 flags.DEFINE_float("lr", 0.006, "Adam's learning rate")
-flags.DEFINE_integer("lr_decay_epochs", 0, "The learning rate falls linearly to zero over "
-                     "the last this many of --epochs (0: constant)", lower_bound=0)
+flags.DEFINE_enum("lr_decay", "linear", ["none", "linear"], "none: --lr throughout; linear: "
+                  "from --lr down to zero at the end of --epochs")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (AdamW)")
 flags.DEFINE_integer("batch_size", 128, "Histories per step over all processes", lower_bound=1)
-flags.DEFINE_integer("epochs", 30, "Most passes over the training histories", lower_bound=1)
+flags.DEFINE_integer("epochs", 40, "Most passes over the training histories", lower_bound=1)
 flags.DEFINE_integer("early_stopping_patience", 6, "Stop after this many evaluations "
                      "without a better validation NDCG@10 (0: never)", lower_bound=0)
 flags.DEFINE_integer("eval_batch_size", 1024, "Users scored at once in an evaluation",
@@ -143,12 +143,8 @@ def save_results(path: str, final: dict) -> None:
 
 
 def learning_rate(steps_per_epoch: int) -> LearningRateSchedule:
-    if F.lr_decay_epochs > F.epochs:
-        raise ValueError(f"--lr_decay_epochs ({F.lr_decay_epochs}) is more than --epochs "
-                         f"({F.epochs})")
-    decay_start = (F.epochs - F.lr_decay_epochs) * steps_per_epoch
-    return LearningRateSchedule(F.lr, warmup_steps=0, decay_start_step=decay_start,
-                                decay_steps=F.lr_decay_epochs * steps_per_epoch,
+    steps = F.epochs * steps_per_epoch if F.lr_decay == "linear" else 0
+    return LearningRateSchedule(F.lr, warmup_steps=0, decay_start_step=0, decay_steps=steps,
                                 decay_power=1.0)
 
 
@@ -256,4 +252,4 @@ def main(argv) -> int:
 
 
 if __name__ == "__main__":
-    app.run(lambda argv: exit_process(main(argv)))
+    app.run(lambda argv: exit_process(main(argv)), flags_parser=parse_flags)

@@ -18,7 +18,7 @@ import tensorflow as tf
 from absl import app, flags
 
 from core import plot_log
-from core.cli import exit_process, run_cli
+from core.cli import exit_process, parse_flags, run_cli
 from core.dllog import DLLogger
 from core.feature_spec import VALIDATION_MAPPING, DynamicSpec
 from core.parallel.comm import make_communicator
@@ -310,4 +310,4 @@ def train_or_infer():
 
 
 if __name__ == "__main__":
-    app.run(lambda argv: exit_process(main(argv)))
+    app.run(lambda argv: exit_process(main(argv)), flags_parser=parse_flags)
