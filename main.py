@@ -19,6 +19,7 @@ from absl import app, flags
 import export
 from core.cli import exit_process, parse_flags, run_cli
 from core.dllog import DLLogger
+from core.dynamic_flags import with_dynamic_flags
 from core.feature_spec import (TEST_MAPPING, TRAIN_MAPPING, VALIDATION_MAPPING, DynamicSpec,
                                FeatureSpec, FeatureSpecError)
 from core.parallel.comm import make_communicator
@@ -196,8 +197,7 @@ def dataset_spec():
     if FLAGS.dynamic_pending_per_row < 1:
         raise UsageError(f"--dynamic_pending_per_row must be >= 1, found "
                          f"{FLAGS.dynamic_pending_per_row}")
-    return spec.with_dynamic(FLAGS.dynamic_features, DynamicSpec(
-        FLAGS.dynamic_min_count, pending_per_row=FLAGS.dynamic_pending_per_row))
+    return with_dynamic_flags(spec)
 
 
 def spec_of_the_data():

@@ -27,7 +27,7 @@ from absl import app, flags
 from core import plot_log
 from core.cli import exit_process, parse_flags, run_cli
 from core.dllog import DLLogger
-from core.feature_spec import DynamicSpec
+from core.dynamic_flags import define_dynamic_flags, with_dynamic_flags
 from core.files import atomic_write_text
 from core.optimizers import LearningRateSchedule
 from core.parallel.comm import make_communicator
@@ -85,13 +85,8 @@ flags.DEFINE_bool("filter_seen", False, "Rank only items absent from the user's 
                   "(the published tables rank every item)")
 flags.DEFINE_integer("top_k", 100, "--mode export: items the SavedModel returns per history",
                      lower_bound=1)
-flags.DEFINE_list("dynamic_features", [], "item_ids (or 'all'): the item table learns its "
-                  "ids (raw ids, open vocabulary; prepare_dataset --ids raw marks it so)")
-flags.DEFINE_integer("dynamic_min_count", 1, "--dynamic_features: occurrences before an id "
-                     "gets a row of its own", lower_bound=1)
-flags.DEFINE_integer("dynamic_pending_per_row", DynamicSpec.pending_per_row,
-                     "--dynamic_min_count > 1: ids waiting for it that the table remembers, "
-                     "per row of its capacity", lower_bound=1)
+define_dynamic_flags("item_ids (or 'all'): the item table learns its "
+                     "ids (raw ids, open vocabulary; prepare_dataset --ids raw marks it so)")
 flags.DEFINE_bool("resume", False, "Continue the training run in --output_dir from its "
                   "checkpoint (the same data: it ends as an uninterrupted run would)")
 flags.DEFINE_bool("warm_start", False, "Start a new training run (epochs, model selection) "
@@ -235,10 +230,7 @@ def work() -> None:
     logger = DLLogger(where["log"] if F.mode == "train" else os.devnull,
                       enabled=comm.rank == 0)
     logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})
-    spec = load_spec(F.dataset_dir, RETRIEVAL_CONTRACT, F.feature_spec)
-    if F.dynamic_features:
-        spec = spec.with_dynamic(F.dynamic_features, DynamicSpec(
-            F.dynamic_min_count, pending_per_row=F.dynamic_pending_per_row))
+    spec = with_dynamic_flags(load_spec(F.dataset_dir, RETRIEVAL_CONTRACT, F.feature_spec))
     with outputs.claimed(comm, written_paths()):
         run(spec, comm, logger)
     if F.mode == "train" and comm.rank == 0:

@@ -20,7 +20,8 @@ from absl import app, flags
 from core import plot_log
 from core.cli import exit_process, parse_flags, run_cli
 from core.dllog import DLLogger
-from core.feature_spec import VALIDATION_MAPPING, DynamicSpec
+from core.dynamic_flags import define_dynamic_flags, with_dynamic_flags
+from core.feature_spec import VALIDATION_MAPPING
 from core.parallel.comm import make_communicator
 from core.parallel.placement import (ROUTED_REPLICATED_ELEMENTS, SHARDING_KINDS,
                                      describe_routed_tables, plan_routed_tables)
@@ -52,14 +53,8 @@ flags.DEFINE_float("divergence_factor", DEFAULT_DIVERGENCE_FACTOR, "A loss above
 flags.DEFINE_enum("optimizer", "adam", ["adam", "lazy_adam", "sgd"], "adam (lazy rows for "
                   "tables; lazy_adam: the same) or sgd")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (adam)")
-flags.DEFINE_list("dynamic_features", [], "Features (or 'all') whose tables learn their ids "
-                  "(open vocabulary; an item feature's target and histories share its map)")
-flags.DEFINE_integer("dynamic_min_count", 1, "--dynamic_features: occurrences before an id "
-                     "gets a row of its own", lower_bound=1)
-flags.DEFINE_integer("dynamic_pending_per_row", DynamicSpec.pending_per_row,
-                     "--dynamic_min_count > 1: ids waiting for it that a table remembers, per "
-                     "row of its capacity (about 66 bytes each; the oldest is forgotten)",
-                     lower_bound=1)
+define_dynamic_flags("Features (or 'all') whose tables learn their ids "
+                     "(open vocabulary; an item feature's target and histories share its map)")
 flags.DEFINE_enum("sharding", "auto", list(SHARDING_KINDS), "Where the tables live under "
                   "several processes: data_parallel (every process holds every table), "
                   "row_wise (each table's rows split over the processes), table_wise (whole "
@@ -298,10 +293,7 @@ def train_or_infer():
     log_path = os.path.join(F.results_dir, F.log_filename)
     logger = DLLogger(log_path, enabled=comm.rank == 0)
     logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})
-    spec = load_spec(F.dataset_dir, SIM_CONTRACT, F.feature_spec)
-    if F.dynamic_features:
-        spec = spec.with_dynamic(F.dynamic_features, DynamicSpec(
-            F.dynamic_min_count, pending_per_row=F.dynamic_pending_per_row))
+    spec = with_dynamic_flags(load_spec(F.dataset_dir, SIM_CONTRACT, F.feature_spec))
     with outputs.claimed(comm, written_paths()):
         run(spec, comm, logger)
     if F.mode == "train" and comm.rank == 0:
