@@ -44,6 +44,8 @@ from training.engine import DEFAULT_DIVERGENCE_FACTOR
 from training.selection import best_state_path
 
 F = flags.FLAGS
+# the one knob whose best value on Beauty's validation split differs between the models
+RECIPE_LR = {"sasrec": 0.003, "hstu": 0.006}
 flags.DEFINE_enum("model", "hstu", list(MODELS), "sasrec: causal softmax self-attention; "
                   "hstu: Meta's generative-recommender layer")
 flags.DEFINE_enum("mode", "train", ["train", "eval", "export"], "train; eval: the kept "
@@ -71,7 +73,8 @@ flags.DEFINE_enum("negatives", "uniform", list(NEGATIVES), "--loss sampled: unif
                   "of the catalogue, or the batch's other next items")
 flags.DEFINE_integer("num_negatives", 128, "--loss sampled --negatives uniform: draws per "
                      "step", lower_bound=1)
-flags.DEFINE_float("lr", 0.006, "Adam's learning rate")
+flags.DEFINE_float("lr", None, "Adam's learning rate (default: the model's recipe, "
+                   f"{', '.join(f'{m} {lr}' for m, lr in RECIPE_LR.items())})")
 flags.DEFINE_enum("lr_decay", "linear", ["none", "linear"], "none: --lr throughout; linear: "
                   "from --lr down to zero at the end of --epochs")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (AdamW)")
@@ -227,6 +230,8 @@ def work() -> None:
     tf.random.set_seed(F.seed)
     tf.config.experimental.enable_op_determinism()
     where = paths()
+    if F.lr is None:
+        F.lr = RECIPE_LR[F.model]
     logger = DLLogger(where["log"] if F.mode == "train" else os.devnull,
                       enabled=comm.rank == 0)
     logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})
