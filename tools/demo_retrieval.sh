@@ -4,9 +4,11 @@
 # for one user's next items.
 # Everything lands in out/demo_retrieval/ (data, logs, curves.png, checkpoints, SavedModel), or
 # in $DEMO_OUT. BEAUTY: the Beauty.txt file (default: the shared data beside the repository).
-# The demo trains 12 epochs of the recipe, its learning rate decayed over those 12 (the
-# README's table: the whole recipe, 40 epochs, mean of 3 seeds). DEMO_SMOKE=1: the same
-# steps on Beauty's first 400 users, one epoch (what `make test` runs).
+# The demo trains 12 epochs of each model at a constant learning rate of 0.006: the recipe's
+# decay to zero needs its whole 40 epochs (over 12 it leaves both models behind: validation
+# NDCG@10 0.0423 and 0.0482 against 0.0492 and 0.0507), so the demo is the recipe cut short, not shrunk (the README's table:
+# the whole recipe, mean of 3 seeds). DEMO_SMOKE=1: the same steps on Beauty's first 400
+# users, one epoch (what `make test` runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
@@ -19,7 +21,7 @@ if [ ! -f "$BEAUTY" ]; then
   echo "error: Beauty.txt not found; set BEAUTY=path/to/Beauty.txt (one line per user: user item item ...)" >&2
   exit 2
 fi
-EXTRA=(--epochs 12)
+EXTRA=(--epochs 12 --lr 0.006 --lr_decay none)
 export TF_CPP_MIN_LOG_LEVEL=2
 rm -rf "$OUT"
 mkdir -p "$OUT"
