@@ -6,9 +6,9 @@
 # in $DEMO_OUT. BEAUTY: the Beauty.txt file (default: the shared data beside the repository).
 # The demo trains 12 epochs of each model at a constant learning rate of 0.006: the recipe's
 # decay to zero needs its whole 40 epochs (over 12 it leaves both models behind: validation
-# NDCG@10 0.0423 and 0.0482 against 0.0492 and 0.0507), so the demo is the recipe cut short, not shrunk (the README's table:
-# the whole recipe, mean of 3 seeds). DEMO_SMOKE=1: the same steps on Beauty's first 400
-# users, one epoch (what `make test` runs).
+# NDCG@10 0.0423 and 0.0482 against 0.0492 and 0.0507), so the demo is the recipe cut
+# short, not shrunk (the README's table: the whole recipe, mean of 3 seeds). DEMO_SMOKE=1:
+# the same steps on Beauty's first 400 users, one epoch (what `make test` runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=.venv/bin/python
