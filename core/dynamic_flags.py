@@ -6,17 +6,19 @@ from absl import flags
 
 from core.feature_spec import DynamicSpec
 
+# the flags defined here belong to the tool that calls define_dynamic_flags (its --helpshort,
+# the parameters it logs, tests' drop_cli_flags), not to this module
+flags.disclaim_key_flags()
 
-def define_dynamic_flags(features_help: str, module_name: str) -> None:
-    """Defines the flags as module_name's (the tool's own: its --helpshort, the parameters
-    it logs, and a test's drop_cli_flags find them there)."""
-    flags.DEFINE_list("dynamic_features", [], features_help, module_name=module_name)
+
+def define_dynamic_flags(features_help: str) -> None:
+    flags.DEFINE_list("dynamic_features", [], features_help)
     flags.DEFINE_integer("dynamic_min_count", 1, "--dynamic_features: occurrences before an "
-                         "id gets a row of its own", lower_bound=1, module_name=module_name)
+                         "id gets a row of its own", lower_bound=1)
     flags.DEFINE_integer("dynamic_pending_per_row", DynamicSpec.pending_per_row,
                          "--dynamic_min_count > 1: ids waiting for it that a table remembers, "
                          "per row of its capacity (about 66 bytes each; the oldest is "
-                         "forgotten)", lower_bound=1, module_name=module_name)
+                         "forgotten)", lower_bound=1)
 
 
 def with_dynamic_flags(spec, values=flags.FLAGS):

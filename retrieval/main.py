@@ -89,8 +89,7 @@ flags.DEFINE_bool("filter_seen", False, "Rank only items absent from the user's 
 flags.DEFINE_integer("top_k", 100, "--mode export: items the SavedModel returns per history",
                      lower_bound=1)
 define_dynamic_flags("item_ids (or 'all'): the item table learns its "
-                     "ids (raw ids, open vocabulary; prepare_dataset --ids raw marks it so)",
-                     __name__)
+                     "ids (raw ids, open vocabulary; prepare_dataset --ids raw marks it so)")
 flags.DEFINE_bool("resume", False, "Continue the training run in --output_dir from its "
                   "checkpoint (the same data: it ends as an uninterrupted run would)")
 flags.DEFINE_bool("warm_start", False, "Start a new training run (epochs, model selection) "

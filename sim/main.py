@@ -54,8 +54,7 @@ flags.DEFINE_enum("optimizer", "adam", ["adam", "lazy_adam", "sgd"], "adam (lazy
                   "tables; lazy_adam: the same) or sgd")
 flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (adam)")
 define_dynamic_flags("Features (or 'all') whose tables learn their ids "
-                     "(open vocabulary; an item feature's target and histories share its map)",
-                     __name__)
+                     "(open vocabulary; an item feature's target and histories share its map)")
 flags.DEFINE_enum("sharding", "auto", list(SHARDING_KINDS), "Where the tables live under "
                   "several processes: data_parallel (every process holds every table), "
                   "row_wise (each table's rows split over the processes), table_wise (whole "
