@@ -10,6 +10,8 @@ import json
 import os
 import time
 
+from core.files import write_error
+
 PREFIX = "DLLL "
 
 
@@ -17,10 +19,14 @@ class DLLogger:
     def __init__(self, log_path: str = None, enabled: bool = True, stdout: bool = True):
         self.enabled, self.stdout = enabled, stdout
         self.start = time.time()
-        self._file = None
+        self._file, self.path = None, log_path
         if enabled and log_path:
-            os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
-            self._file = open(log_path, "a", buffering=1)
+            self._created = not os.path.exists(log_path)
+            try:
+                os.makedirs(os.path.dirname(os.path.abspath(log_path)), exist_ok=True)
+                self._file = open(log_path, "a", buffering=1)
+            except OSError as e:
+                raise write_error(log_path, e) from None
 
     def _record(self, kind: str, step, data: dict) -> None:
         if not self.enabled:
@@ -31,7 +37,20 @@ class DLLogger:
                   "elapsedtime": round(now - self.start, 6), "type": kind, "step": step,
                   "data": data}
         if self._file:
-            self._file.write(PREFIX + json.dumps(record) + "\n")
+            try:
+                self._file.write(PREFIX + json.dumps(record) + "\n")
+            except OSError as e:  # a full disk: one line naming the log, no empty log left
+                self._abandon()
+                raise write_error(self.path, e) from None
+
+    def _abandon(self) -> None:
+        try:
+            self._file.close()
+        except OSError:
+            pass
+        self._file = None
+        if self._created and os.path.exists(self.path) and not os.path.getsize(self.path):
+            os.unlink(self.path)
 
     def parameters(self, params: dict) -> None:
         self._record("PARAMETER", "PARAMETER", params)

@@ -65,6 +65,14 @@ class StagedDirectory:
         return newest
 
     @classmethod
+    def tidy(cls, output_dir: str):
+        """recover(), then clear(): what killed writers left at output_dir, finished or
+        removed; the copy moved back, or None. Only for the path's lock holder."""
+        moved = cls.recover(output_dir)
+        cls.clear(output_dir)
+        return moved
+
+    @classmethod
     def clear(cls, output_dir: str) -> None:
         """Remove the staging directories of writers that ended before publishing (only a
         writer that holds the path may call it: no one else stages there)."""

@@ -12,6 +12,7 @@ import sys
 
 from core.cli import run_cli
 from core.dllog import read_log
+from core.files import write_error
 
 
 # evaluation metrics drawn when the log has them: key -> (panel title, y label)
@@ -89,9 +90,15 @@ def plot(log_path: str, out_path: str) -> None:
     fig.suptitle(os.path.basename(log_path))
     fig.tight_layout()
     tmp = out_path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, out_path)
+    try:
+        fig.savefig(tmp, dpi=100)
+        os.replace(tmp, out_path)
+    except OSError as e:  # a full disk: the previous PNG stays, no partial one is left
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise write_error(out_path, e) from None
+    finally:
+        plt.close(fig)
 
 
 def main(argv=None):

@@ -5,9 +5,10 @@ Inputs: `item_ids` int64 [batch, any length], oldest first, 0 = padding (on eith
 between: each row's ids are compacted, most recent last); a history longer than the model's
 keeps its most recent items; `timestamps` int64 of the same shape when the model reads them.
 Outputs: `top_k_ids` int64 [batch, k] and `top_k_scores` float32 [batch, k], best first; the
-padding id is never returned. With a dynamic item table the ids are raw ids, an unknown id in
-a history is skipped, and only rows that hold an id are candidates (a table holding fewer than
-k fills the rest with id 0 at score -inf). A second signature, `encode`, gives the history vectors
+padding id is never returned; `unknown_ids` int64 [batch]: how many of a history's non-zero ids
+the table does not hold (left out of the history, as an evaluation leaves them). With a dynamic
+item table the ids are raw ids (any int64 but 0, negative included), and only rows that hold
+an id are candidates (a table holding fewer than k fills the rest with id 0 at score -inf). A second signature, `encode`, gives the history vectors
 (`query`, as scored) for an external nearest-neighbour index over `item_embeddings.npz`
 (written beside the SavedModel's variables: `ids` int64 [N], `embeddings` float32 [N, d], the
 catalogue as scored).
@@ -19,10 +20,18 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from core.files import StagedDirectory
+from core.files import StagedDirectory, write_error
 from training.export import export_error
 
 EMBEDDINGS_FILE = "item_embeddings.npz"
+
+
+def held_rows(model, ids):
+    """Table rows of a request's ids: 0 for the padding and for every id the table does not
+    hold (a static table holds 1..N; a dynamic one the ids it mapped)."""
+    if model.dynamic is not None:
+        return model.rows(ids)
+    return tf.where((ids > 0) & (ids <= model.config.items), ids, tf.zeros_like(ids))
 
 
 def most_recent(ids, length: int, values=None):
@@ -55,24 +64,30 @@ class Retriever(tf.Module):
         self.encode = tf.function(encode, input_signature=inputs, autograph=False)
 
     def _query(self, item_ids, timestamps=None):
+        """(query vectors, unknown ids per history): the ids looked up first, so an id the
+        table lacks never takes a position of the model's window."""
         length = self.model.config.length
+        rows = held_rows(self.model, item_ids)
+        unknown = tf.reduce_sum(tf.cast((item_ids != 0) & (rows == 0), tf.int64), 1)
         if timestamps is None:
-            ids, times = most_recent(item_ids, length), None
+            rows, times = most_recent(rows, length), None
         else:
-            ids, times = most_recent(item_ids, length, timestamps)
-        return self.model.encode(self.model.rows(ids), times)[:, -1]
+            rows, times = most_recent(rows, length, timestamps)
+        return self.model.encode(rows, times)[:, -1], unknown
 
     def _encode(self, *inputs):
-        return {"query": self.model.queries(self._query(*inputs))}
+        return {"query": self.model.queries(self._query(*inputs)[0])}
 
     def _top_k(self, *inputs):
-        scores, at = tf.math.top_k(self.model.scores(self._query(*inputs)), self.k)
+        vectors, unknown = self._query(*inputs)
+        scores, at = tf.math.top_k(self.model.scores(vectors), self.k)
         return {"top_k_ids": self.model.item_ids(tf.cast(at, tf.int64) + 1),
-                "top_k_scores": scores}
+                "top_k_scores": scores, "unknown_ids": unknown}
 
 
-def export(model, output_path: str, k: int) -> None:
-    """Writes through a staged directory: a failed write leaves the previous export."""
+def export(model, output_path: str, k: int) -> int:
+    """Writes through a staged directory: a failed write leaves the previous export. Returns
+    the k served (at most the catalogue)."""
     if model.dynamic is not None:  # the id -> row map travels with the model
         model.dynamic.freeze()
     retriever = Retriever(model, k)
@@ -89,3 +104,6 @@ def export(model, output_path: str, k: int) -> None:
                      embeddings=tf.gather(model.catalogue(), rows - 1).numpy())
     except tf.errors.OpError as e:
         raise export_error(output_path, e.message) from None
+    except OSError as e:  # the embeddings file on a full disk
+        raise write_error(output_path, e) from None
+    return retriever.k

@@ -8,12 +8,16 @@ evaluate by full ranking, export a top-k SavedModel.
 Training selects the epoch of the best validation NDCG@10 (early stopping after
 --early_stopping_patience evaluations without a better one), ends on that state
 (OUT/checkpoint) and writes OUT/results.json: {"valid": {...}, "test": {...}, "best_epoch": N},
-the test figures read once, at the kept state.
+the test figures read once, at the kept state. OUT/checkpoint is also written at the end of
+every epoch (and every --checkpoint_steps steps), so a killed run continues with --resume and
+ends as an uninterrupted one; a new run into an OUT holding another is refused unless
+--resume, --warm_start or --overwrite says what to do with it.
 """
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 
 from core import runtime
@@ -21,6 +25,7 @@ from core import runtime
 runtime.import_tensorflow()  # its settings first
 
 # flake8: noqa: E402 (imports after the runtime settings)
+import psutil
 import tensorflow as tf
 from absl import app, flags
 
@@ -28,7 +33,7 @@ from core import plot_log
 from core.cli import exit_process, parse_flags, run_cli
 from core.dllog import DLLogger
 from core.dynamic_flags import define_dynamic_flags, with_dynamic_flags
-from core.files import atomic_write_text
+from core.files import FileError, atomic_write_text, write_error
 from core.optimizers import LearningRateSchedule
 from core.parallel.comm import make_communicator
 from core.sources import load_spec
@@ -61,11 +66,12 @@ flags.DEFINE_integer("embedding_dim", 64, "Width of the item table and the block
 flags.DEFINE_integer("num_blocks", 2, "Attention blocks", lower_bound=1)
 flags.DEFINE_integer("num_heads", 1, "Attention heads", lower_bound=1)
 flags.DEFINE_float("dropout_rate", 0.3, "Dropout of the embedded input and every residual "
-                   "branch")
-flags.DEFINE_float("attention_dropout", 0.0, "Dropout of the attention weights")
+                   "branch, in [0, 1)", lower_bound=0.0)
+flags.DEFINE_float("attention_dropout", 0.0, "Dropout of the attention weights, in [0, 1)",
+                   lower_bound=0.0)
 flags.DEFINE_bool("normalize", True, "Score L2-normalised vectors (divided by "
                   "--temperature)")
-flags.DEFINE_float("temperature", 0.05, "Scores are divided by this")
+flags.DEFINE_float("temperature", 0.05, "Scores are divided by this (> 0)", lower_bound=0.0)
 flags.DEFINE_enum("loss", "full", list(LOSSES), "full: cross-entropy over every item; "
                   "sampled: sampled softmax (--negatives), for catalogues too large to score "
                   "whole at every step")
@@ -73,11 +79,13 @@ flags.DEFINE_enum("negatives", "uniform", list(NEGATIVES), "--loss sampled: unif
                   "of the catalogue, or the batch's other next items")
 flags.DEFINE_integer("num_negatives", 128, "--loss sampled --negatives uniform: draws per "
                      "step", lower_bound=1)
-flags.DEFINE_float("lr", None, "Adam's learning rate (default: the model's recipe, "
-                   f"{', '.join(f'{m} {lr}' for m, lr in RECIPE_LR.items())})")
+flags.DEFINE_float("lr", None, "Adam's learning rate, > 0 (default: the model's recipe, "
+                   f"{', '.join(f'{m} {lr}' for m, lr in RECIPE_LR.items())})",
+                   lower_bound=0.0)
 flags.DEFINE_enum("lr_decay", "linear", ["none", "linear"], "none: --lr throughout; linear: "
                   "from --lr down to zero at the end of --epochs")
-flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (AdamW)")
+flags.DEFINE_float("weight_decay", 0.0, "Decoupled weight decay (AdamW), >= 0",
+                   lower_bound=0.0)
 flags.DEFINE_integer("batch_size", 128, "Histories per step over all processes", lower_bound=1)
 flags.DEFINE_integer("epochs", 40, "Most passes over the training histories", lower_bound=1)
 flags.DEFINE_integer("early_stopping_patience", 6, "Stop after this many evaluations "
@@ -95,10 +103,15 @@ flags.DEFINE_bool("resume", False, "Continue the training run in --output_dir fr
 flags.DEFINE_bool("warm_start", False, "Start a new training run (epochs, model selection) "
                   "from the weights, optimizer state and id map of the run in --output_dir: "
                   "continued training on new data")
+flags.DEFINE_bool("overwrite", False, "Replace the training run in --output_dir (its "
+                  "checkpoints, results, log and curves) with a new one")
+flags.DEFINE_integer("checkpoint_steps", 0, "Also save OUT/checkpoint every this many steps "
+                     "(it is saved at the end of every epoch; 0: only then)", lower_bound=0)
 flags.DEFINE_bool("amp", False, "bfloat16 compute on a CPU that has it natively (float16 "
                   "on a GPU); weights stay float32")
 flags.DEFINE_float("divergence_factor", DEFAULT_DIVERGENCE_FACTOR, "A loss above this many "
-                   "times the first step's ends the run (0: only a non-finite loss)")
+                   "times the first step's ends the run (0: only a non-finite loss)",
+                   lower_bound=0.0)
 flags.DEFINE_integer("seed", 1, "Seed of initialisation, shuffling and dropout",
                      lower_bound=0)
 flags.DEFINE_integer("print_freq", 100, "Progress line every this many steps", lower_bound=1)
@@ -106,8 +119,21 @@ flags.DEFINE_integer("max_steps", 0, "Stop after this many steps (0: no limit; s
                      lower_bound=0)
 flags.DEFINE_bool("cpu", False, "Hide GPUs")
 flags.mark_flags_as_required(["dataset_dir", "output_dir"])
+# ranges absl's inclusive bounds cannot say: (flag, refused value test, the range)
+for _name, _refused, _range in (("dropout_rate", lambda v: v >= 1, "[0, 1)"),
+                                ("attention_dropout", lambda v: v >= 1, "[0, 1)"),
+                                ("temperature", lambda v: v <= 0, "> 0"),
+                                ("lr", lambda v: v is not None and v <= 0, "> 0")):
+    flags.register_validator(_name, lambda v, refused=_refused: not refused(v),
+                             f"--{_name} must be {_range}")
+flags.register_multi_flags_validator(
+    ["resume", "warm_start", "overwrite"], lambda given: sum(given.values()) <= 1,
+    "give at most one of --resume (continue the run in --output_dir), --warm_start (a new run "
+    "from its state) and --overwrite (a new run replacing it)")
 
 SELECTION_METRIC = "ndcg@10"
+# float32 copies of the item table a training process holds: the weights and Adam's two slots
+TABLE_COPIES = 3
 
 
 def paths() -> dict:
@@ -137,7 +163,10 @@ def save_results(path: str, final: dict) -> None:
     results = {"valid": {k: final[k] for k in METRIC_KEYS},
                "test": {k: final[f"test_{k}"] for k in METRIC_KEYS},
                "best_epoch": int(final["best_epoch"])}
-    atomic_write_text(path, json.dumps(results, indent=2) + "\n")
+    try:
+        atomic_write_text(path, json.dumps(results, indent=2) + "\n")
+    except OSError as e:
+        raise write_error(path, e) from None
 
 
 def learning_rate(steps_per_epoch: int) -> LearningRateSchedule:
@@ -149,9 +178,6 @@ def learning_rate(steps_per_epoch: int) -> LearningRateSchedule:
 def train(trainer, data, spec, comm, logger) -> None:
     where, length = paths(), trainer.model.config.length
     position = {"epoch": 0, "step": 0}
-    if F.resume and F.warm_start:
-        raise ValueError("--resume continues a run, --warm_start starts a new one from it: "
-                         "give one of them")
     if F.resume or F.warm_start:
         resumed = restore(trainer, where["checkpoint"], comm)
         position = resumed if F.resume else position
@@ -164,7 +190,8 @@ def train(trainer, data, spec, comm, logger) -> None:
                                 trainer.dynamic_tables())
     config = loop.LoopConfig(epochs=F.epochs, batch_size=F.batch_size, print_freq=F.print_freq,
                              max_steps=F.max_steps, selection_metric=SELECTION_METRIC,
-                             keep_best=True, early_stopping_patience=F.early_stopping_patience)
+                             keep_best=True, early_stopping_patience=F.early_stopping_patience,
+                             checkpoint_steps=F.checkpoint_steps, checkpoint_every_epoch=True)
     final, _ = loop.train(trainer, data, lambda: trainer.evaluate(validation.epoch()), logger,
                           config, position,
                           loop.Checkpoints(where["checkpoint"], save,
@@ -190,11 +217,24 @@ def evaluate_kept(trainer, spec, comm, logger) -> None:
         loop.log_result(logger, mapping, trainer.evaluate(batches.epoch()))
 
 
+def check_table_fits(items: int, width: int) -> None:
+    """A catalogue too large for this machine is one line now, not an out-of-memory kill
+    while the table is built."""
+    need, have = (items + 1) * width * 4 * TABLE_COPIES, psutil.virtual_memory().total
+    if need > have:
+        raise ValueError(f"the item table does not fit in this machine's memory: {items:,} items "
+                         f"x width {width} x {TABLE_COPIES} float32 copies (the weights and "
+                         f"Adam's two slots) = {need / 2**30:,.1f} GiB, this machine has "
+                         f"{have / 2**30:,.1f} GiB; a catalogue of sparse ids wants "
+                         f"retrieval.prepare_dataset --ids map (or --ids raw)")
+
+
 def run(spec, comm, logger) -> None:
     items = catalogue(spec)
     if items.dynamic is not None and comm.size > 1:
         raise ValueError("a dynamic item table (raw ids) trains in one process: every rank "
                          "would map other ids to its rows")
+    check_table_fits(items.items, F.embedding_dim)
     model = Encoder(model_config(spec), items.dynamic)
     data = (RowBatches(rows(spec, "train", model.config.length), F.batch_size, comm,
                        shuffle_seed=F.seed) if F.mode == "train" else None)
@@ -210,9 +250,10 @@ def run(spec, comm, logger) -> None:
     else:
         restore(trainer, paths()["checkpoint"], comm)
         if comm.rank == 0:
-            export.export(model, paths()["saved_model"], F.top_k)
-            logger.print(f"exported {paths()['saved_model']} (top {F.top_k} of "
-                         f"{model.config.items} items) and its item embeddings")
+            k = export.export(model, paths()["saved_model"], F.top_k)
+            capped = f"; --top_k {F.top_k} is capped at the catalogue" if k < F.top_k else ""
+            logger.print(f"exported {paths()['saved_model']} (top {k} of "
+                         f"{model.config.items} items{capped}) and its item embeddings")
 
 
 def written_paths() -> list:
@@ -222,30 +263,67 @@ def written_paths() -> list:
         return [where["saved_model"]]
     if F.mode == "eval":
         return []
-    return [where["checkpoint"], best_state_path(where["checkpoint"]), where["results"]]
+    return [where["checkpoint"], best_state_path(where["checkpoint"]), where["results"],
+            where["log"], where["curves"]]
+
+
+def held_run() -> str:
+    """What training run --output_dir holds ('' when none)."""
+    where = paths()
+    for key, what in (("results", "a finished training run (results.json)"),
+                      ("checkpoint", "an unfinished training run (its checkpoint)"),
+                      ("log", "the log of a training run (log.json)")):
+        if os.path.exists(where[key]):
+            return what
+    return ""
+
+
+def start_or_refuse(comm) -> None:
+    """A training run into --output_dir: continue, start from or replace the run it holds
+    only as a flag says."""
+    held = held_run()
+    if not held or F.resume or F.warm_start:
+        return
+    if not F.overwrite:
+        raise FileError(f"--output_dir {F.output_dir} holds {held}: pass --resume to continue "
+                        f"it, --warm_start to start a new run from its state, or --overwrite "
+                        f"to replace it")
+    if comm.rank == 0:
+        where = paths()
+        for path in (where["checkpoint"], best_state_path(where["checkpoint"])):
+            shutil.rmtree(path, ignore_errors=True)
+        for key in ("results", "log", "curves"):
+            if os.path.exists(where[key]):
+                os.unlink(where[key])
 
 
 def work() -> None:
+    if os.path.exists(F.output_dir) and not os.path.isdir(F.output_dir):
+        raise FileError(f"--output_dir {F.output_dir} is a file, not a directory")
     comm = make_communicator(F.cpu)
     tf.random.set_seed(F.seed)
     tf.config.experimental.enable_op_determinism()
     where = paths()
     if F.lr is None:
         F.lr = RECIPE_LR[F.model]
-    logger = DLLogger(where["log"] if F.mode == "train" else os.devnull,
-                      enabled=comm.rank == 0)
-    logger.parameters({f.name: f.value for f in F.get_flags_for_module(sys.modules[__name__])})
     spec = with_dynamic_flags(load_spec(F.dataset_dir, RETRIEVAL_CONTRACT, F.feature_spec))
     with outputs.claimed(comm, written_paths()):
+        if F.mode == "train":
+            start_or_refuse(comm)
+        logger = DLLogger(where["log"] if F.mode == "train" else os.devnull,
+                          enabled=comm.rank == 0)
+        logger.parameters({f.name: f.value
+                           for f in F.get_flags_for_module(sys.modules[__name__])})
         run(spec, comm, logger)
-    if F.mode == "train" and comm.rank == 0:
-        plot_log.plot(where["log"], where["curves"])
-    logger.close()
+        if F.mode == "train" and comm.rank == 0:
+            plot_log.plot(where["log"], where["curves"])
+        logger.close()
 
 
 def main(argv) -> int:
-    """Errors of the inputs (spec, data, flags, checkpoint) end the run with one line."""
-    return run_cli(work, errors=(ValueError,))
+    """Errors of the inputs (spec, data, flags, checkpoint) and of the outputs (a full disk,
+    a path that cannot be written) end the run with one line."""
+    return run_cli(work, errors=(ValueError, OSError))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ Layouts (--format):
          .parquet. The first line is a header when it names a column user, item or timestamp;
          else the file has none and its columns are user,item,timestamp (3 fields) or
          user,item,rating,timestamp (4 fields, Amazon's ratings_*.csv), or --csv_columns.
-         Actions are sorted by (user, timestamp) with a stable sort (equal timestamps keep the
-         file's order); timestamps are kept (int64) for this layout only.
+         Every line has the header's (or the columns') number of fields. Actions are sorted
+         by (user, timestamp) with a stable sort (equal timestamps keep the file's order);
+         timestamps are kept (int64) for this layout only.
 Blank lines are skipped.
 
 Split (leave-one-out): a user with items s1..sn (oldest first) gives the train row s1..s(n-2)
@@ -22,7 +23,9 @@ max_length + 1 items. Short users (SASRec's rule): n = 2 trains on both items an
 validation or test row; n = 1 is dropped; n = 3 gets no train row (one item has no target)
 but its validation and test rows. The counts go to the spec's metadata and are printed.
 
-Ids (--ids): dense (default) ids as given, positive integers, catalogue 1..max id, 0 padding;
+Ids (--ids): dense (default) ids as given, positive integers, catalogue 1..max id, 0 padding
+(refused when the largest id is more than DENSE_SPARSITY x the distinct items, or the table
+would not fit in memory: such ids want map);
 map: any tokens mapped to 1..N in the order the file first names them (DIR/item_ids.tsv and
 DIR/user_ids.tsv: `id<TAB>raw`); raw: integer ids kept as they are (any int64 but 0, the
 padding), the item feature dynamic with a capacity of --capacity rows (default: twice the
@@ -42,12 +45,17 @@ import numpy as np
 from core.cli import ERROR_STATUS, run_cli
 from core.columnar import ColumnarWriter
 from core.feature_spec import DynamicSpec
+from core.files import OutputLock, StagedDirectory
 from retrieval import contract
 
 FORMATS = ("lines", "pairs", "csv")
 ID_MODES = ("dense", "map", "raw")
 DEFAULT_MAX_LENGTH = 200
 CAPACITY_FACTOR = 2  # --ids raw: default capacity = this x the distinct items seen
+DENSE_SPARSITY = 4  # --ids dense: the largest id may be at most this x the distinct items
+# bytes per catalogue row a training process holds at the default width (64 float32, and
+# Adam's two slots): a dense catalogue beyond the machine's memory is refused here
+ROW_BYTES = 64 * 4 * 3
 CSV_COLUMNS = ("user", "item", "timestamp")
 HEADERLESS = {3: ("user", "item", "timestamp"), 4: ("user", "item", "rating", "timestamp")}
 ITEM_IDS_FILE, USER_IDS_FILE = "item_ids.tsv", "user_ids.tsv"
@@ -134,6 +142,17 @@ def _csv_header(src: str, names):
                        f"--csv_columns")
 
 
+def _check_field_counts(src: str, columns: list, header: bool) -> None:
+    """Every non-blank line has len(columns) fields: a row with more or fewer is named, never
+    cut or padded."""
+    with open(src, newline="", encoding="utf-8-sig") as f:
+        for number, row in enumerate(csv.reader(f), 1):
+            if row and len(row) != len(columns):
+                source = "the header's" if header else "the columns'"
+                raise PrepareError(f"{src} line {number}: expected {len(columns)} fields "
+                                   f"({source}: {','.join(columns)}), found {len(row)}")
+
+
 def read_table(src: str, names=None) -> Actions:
     import pandas as pd
     if src.endswith(".parquet"):
@@ -161,6 +180,7 @@ def read_table(src: str, names=None) -> Actions:
         if missing:
             raise PrepareError(f"{src}: no column '{missing[0]}' (columns found: "
                                f"{', '.join(columns)})")
+        _check_field_counts(src, columns, header)
         try:
             frame = pd.read_csv(src, header=0 if header else None, names=columns,
                                 usecols=list(CSV_COLUMNS), dtype=str, keep_default_na=False,
@@ -287,6 +307,20 @@ def _dictionary(tokens: list) -> str:
     return "".join(f"{i}\t{t}\n" for i, t in enumerate(tokens, 1))
 
 
+def _check_dense_catalogue(src: str, catalogue: int, distinct: int) -> None:
+    """Dense ids make the largest id the catalogue: refuse one that is mostly empty rows or
+    beyond this machine's memory, before anything is allocated for it."""
+    import psutil
+    memory = psutil.virtual_memory().total
+    if catalogue > DENSE_SPARSITY * distinct or catalogue * ROW_BYTES > memory:
+        raise PrepareError(
+            f"{src}: with --ids dense the largest item id ({catalogue:,}) sets a catalogue of "
+            f"{catalogue:,} rows for {distinct:,} distinct items (more than "
+            f"{DENSE_SPARSITY}x, or over this machine's {memory / 2**30:.0f} GiB at "
+            f"{ROW_BYTES} bytes a row); pass --ids map (ids renumbered 1..{distinct:,}) or "
+            f"--ids raw (a dynamic table)")
+
+
 def prepare(src: str, layout: str, dst: str, ids: str = "dense",
             max_length: int = DEFAULT_MAX_LENGTH, capacity: int = None, overwrite=False,
             csv_columns=None):
@@ -316,6 +350,7 @@ def prepare(src: str, layout: str, dst: str, ids: str = "dense",
     distinct = int(np.unique(item_ids).size)
     if ids == "dense":
         catalogue = int(item_ids.max())
+        _check_dense_catalogue(src, catalogue, distinct)
     elif ids == "map":
         catalogue = len(item_names)
     else:
@@ -340,14 +375,20 @@ def prepare(src: str, layout: str, dst: str, ids: str = "dense",
         metadata["capacity"] = catalogue
     spec = contract.retrieval_spec(catalogue, max_length, stamps is not None, metadata,
                                    DynamicSpec() if ids == "raw" else None)
-    writer = _Writer(dst, spec, "parquet", overwrite=overwrite, ids_from_one=True,
-                     mappings=list(contract.MAPPINGS))
-    with writer:
-        for mapping in contract.MAPPINGS:
-            writer.write(mapping, columns[mapping])
-        if ids == "map":
-            writer.add_text(ITEM_IDS_FILE, _dictionary(item_names))
-            writer.add_text(USER_IDS_FILE, _dictionary(user_names))
+    lock = OutputLock(dst)  # one writer at a time; it finishes what killed ones left
+    lock.acquire()
+    try:
+        StagedDirectory.tidy(dst)
+        writer = _Writer(dst, spec, "parquet", overwrite=overwrite, ids_from_one=True,
+                         mappings=list(contract.MAPPINGS))
+        with writer:
+            for mapping in contract.MAPPINGS:
+                writer.write(mapping, columns[mapping])
+            if ids == "map":
+                writer.add_text(ITEM_IDS_FILE, _dictionary(item_names))
+                writer.add_text(USER_IDS_FILE, _dictionary(user_names))
+    finally:
+        lock.release()
     return writer.spec
 
 

@@ -188,3 +188,28 @@ def bounded_run(cmd, timeout, env=None, cwd=ROOT):
         pytest.fail(f"did not finish within {timeout} s (hung?): {' '.join(cmd)}\n"
                     f"{out[-2000:]}\n{err[-2000:]}", pytrace=False)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def fill(directory, leave: int) -> None:
+    """Fill the filesystem of directory but `leave` bytes."""
+    with open(directory / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    os.truncate(directory / "filler", os.path.getsize(directory / "filler") - leave)
+
+
+@pytest.fixture
+def small_filesystem(tmp_path):
+    """A 1 MiB tmpfs (mounting needs root)."""
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
+                                            str(mount)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", str(mount)], check=True)

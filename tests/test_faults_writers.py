@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from conftest import HOROVODRUN, ROOT, bounded_run, horovodrun, kill_tree, require_or_skip
+from conftest import HOROVODRUN, ROOT, bounded_run, fill, horovodrun, kill_tree, require_or_skip
 from test_faults_checkpoint import DLRM, leftovers, main_code, run
 from test_training import main_in_process, step_losses
 
@@ -199,31 +199,6 @@ def test_an_export_on_a_full_disk_is_one_line_and_keeps_the_previous(tmp_path):
     assert errors[0].endswith("No space left on device; nothing was left half-written; the "
                               "previous export, if any, is kept")
     assert files_of(path) == before and leftovers(tmp_path) == []
-
-
-def fill(directory, leave: int) -> None:
-    """Fill the filesystem of directory but `leave` bytes."""
-    with open(directory / "filler", "wb", buffering=0) as f:
-        try:
-            while True:
-                f.write(b"\0" * 4096)
-        except OSError:
-            pass
-    os.truncate(directory / "filler", os.path.getsize(directory / "filler") - leave)
-
-
-@pytest.fixture
-def small_filesystem(tmp_path):
-    """A 1 MiB tmpfs (mounting needs root)."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs",
-                                            str(mount)]).returncode != 0:
-        pytest.skip("cannot mount a tmpfs here (needs root)")
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", str(mount)], check=True)
 
 
 def test_an_export_on_a_real_full_filesystem(tmp_path, small_filesystem):

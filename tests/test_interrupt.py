@@ -92,6 +92,7 @@ def test_a_signal_stops_one_process_with_one_line_keeping_the_last_checkpoint(si
     stopped_at = int(lines[0].split(" at step ")[1].split(":")[0])
     step = saved_step(ckpt)  # a scheduled checkpoint, none at the interrupt
     assert step % CHECKPOINT_STEPS == 0 and 0 < step <= stopped_at, (step, stopped_at)
+    assert lines[0].endswith(f"(the checkpoint of step {step} stays at {ckpt})"), lines
 
 
 def test_a_process_blocked_away_from_step_boundaries_still_ends(tmp_path):

@@ -242,6 +242,16 @@ ERRORS = {
     "csv_bad_timestamp": ("user,item,timestamp\n1,2,3\n1,3,soon\n", "csv", [],
                           ["line 3", "'soon'"]),
     "raw_zero_item": ("1 5\n1 0\n", "pairs", ["--ids", "raw"], ["line 2", "padding"]),
+    "csv_extra_field": ("user,item,timestamp\n1,2,3\n1,3,4,9\n", "csv", [],
+                        ["line 3", "expected 3 fields", "found 4"]),
+    "csv_missing_field": ("user,item,timestamp\n1,2,3\n1,3\n", "csv", [],
+                          ["line 3", "expected 3 fields", "found 2"]),
+    "csv_headerless_extra_field": ("1,2,5,3\n1,3,5,4\n\n1,4,5,6,7\n", "csv", [],
+                                   ["line 4", "expected 4 fields", "found 5"]),
+    "dense_sparse_ids": ("1 1 2 3\n2 4 5 6 7 8 9 10 11 12 13 14 1000000000\n", "lines", [],
+                         ["1,000,000,000", "15 distinct", "--ids map"]),
+    "dense_int64_max": ("1 1 2 3\n2 4 9223372036854775807\n", "lines", [],
+                        ["9,223,372,036,854,775,807", "--ids map"]),
 }
 
 
@@ -268,6 +278,30 @@ def test_missing_src_and_existing_dst(tmp_path):
             "--max_length", 2)
     assert data.load(str(tmp_path / "o")).metadata["max_length"] == 2
     assert "--format" in run("--src", src, "--dst", tmp_path / "p")  # argparse: one line too
+
+
+def test_a_huge_dense_id_is_refused_before_its_table_is_allocated(tmp_path):
+    """The catalogue 1..10^9 (8 GB as int64) is never allocated: the process peaks far below."""
+    src = write(tmp_path / "in.txt", "1 1 2 3\n2 4 5 1000000000\n")
+    script = ("import resource, sys\nfrom retrieval import prepare_dataset\n"
+              f"status = prepare_dataset.main(['--src', {str(src)!r}, '--format', 'lines', "
+              f"'--dst', {str(tmp_path / 'out')!r}])\n"
+              "print(status, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    done = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    status, peak_kib = map(int, done.stdout.split()[-2:])
+    assert status == 2 and "--ids map" in done.stderr, done.stderr
+    assert peak_kib < 1 << 20, peak_kib  # under 1 GiB
+
+
+def test_staging_left_by_a_killed_run_is_removed(tmp_path):
+    src = write(tmp_path / "seq.txt", "1 1 2 3 4\n2 2 3 4 5\n")
+    for name in (".o.tmp-dead1", ".p.tmp-dead2"):  # a killed overwrite, a killed first write
+        os.makedirs(tmp_path / name / "train")
+    prepare("--src", src, "--format", "lines", "--dst", tmp_path / "o")
+    prepare("--src", src, "--format", "lines", "--dst", tmp_path / "o", "--overwrite")
+    prepare("--src", src, "--format", "lines", "--dst", tmp_path / "p")
+    assert sorted(os.listdir(tmp_path)) == ["o", "p", "seq.txt"]
 
 
 # ---- the real data ------------------------------------------------------------------------

@@ -29,8 +29,10 @@ class StopOnSignal:
     """A context for the training loop: `check(step)` (between steps) ends the process with
     ERROR_STATUS once SIGINT or SIGTERM arrived; `step` is the last step it saw."""
 
-    def __init__(self, rank: int = 0, grace_s: float = GRACE_S):
+    def __init__(self, rank: int = 0, grace_s: float = GRACE_S, kept=None):
+        """kept() -> what an interrupt leaves (the message's end), asked at the signal."""
         self.rank, self.grace_s = rank, grace_s
+        self.kept = kept or (lambda: "the last checkpoint written stays")
         self.signum, self.step = None, 0
         self._announced = threading.Event()  # the line is out: the loop may exit
         self._active = threading.current_thread() is threading.main_thread()
@@ -59,8 +61,7 @@ class StopOnSignal:
 
     def message(self) -> str:
         return (f"interrupted by {signal.Signals(self.signum).name} at step {self.step}: "
-                f"training stopped; nothing is saved at an interrupt (the last checkpoint "
-                f"written stays)")
+                f"training stopped; nothing is saved at an interrupt ({self.kept()})")
 
     def check(self, step: int) -> None:
         if self._announced.is_set():

@@ -191,7 +191,7 @@ class _Run:
     def __init__(self, trainer, data, evaluator, logger, config: LoopConfig, position,
                  checkpoints: Optional[Checkpoints], test: Optional[Callable[[], dict]]):
         self.trainer, self.data, self.evaluator, self.test = trainer, data, evaluator, test
-        self.stop = StopOnSignal(trainer.comm.rank)
+        self.stop = StopOnSignal(trainer.comm.rank, kept=self._kept_text)
         self.logger, self.config, self.checkpoints = logger, config, checkpoints
         if config.keep_best and not (checkpoints and checkpoints.path):
             raise ValueError("keeping the best evaluation's state needs a checkpoint path "
@@ -265,16 +265,26 @@ class _Run:
         self.trainer.check_diverged()  # a diverged state is never saved
         with self.trainer.comm.waiting(barrier, self.step):
             self.checkpoints.save(path, self.position())
+        if path == self.checkpoints.path:  # before the line, which an interrupt may follow
+            self.last_saved_step = self.step
         self.logger.log((self.epoch, self.step), {"checkpoint_saved": path})
         self.logger.print(f"checkpoint saved at step {self.step}: {path}")
         self.reporter.restart()
+
+    def _kept_text(self) -> str:
+        """What an interrupt now leaves at the checkpoint path."""
+        path = self.checkpoints.path if self.checkpoints else None
+        if not path or self.benchmark:
+            return "this run writes no checkpoint"
+        if self.last_saved_step is None:
+            return f"this run has saved no checkpoint yet; what {path} held before it stays"
+        return f"the checkpoint of step {self.last_saved_step} stays at {path}"
 
     def save(self) -> None:
         if self.checkpoints is None or not self.checkpoints.path or self.benchmark \
                 or self.last_saved_step == self.step:
             return
         self._save_to(self.checkpoints.path, "the checkpoint's barrier")
-        self.last_saved_step = self.step
 
     def after_step(self, loss, rows: int) -> None:
         config, end_of_epoch = self.config, self.batch_in_epoch == self.steps_per_epoch

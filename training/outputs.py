@@ -54,11 +54,10 @@ def _lock_all(paths: list, locks: list) -> str:
 
 
 def _tidy(path: str) -> None:
-    moved = StagedDirectory.recover(path)
+    moved = StagedDirectory.tidy(path)
     if moved:
         print(f"{path}: moved back the complete copy {moved} that an interrupted write left "
               f"beside it", flush=True)
-    StagedDirectory.clear(path)
 
 
 def _shared_text(comm, text: str) -> str:
