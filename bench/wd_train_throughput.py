@@ -2,8 +2,10 @@
 model (Keras Embedding/Dense layers, Keras Ftrl/RMSprop, default TensorFlow settings), on
 the reference shape (~92 M parameters). Each variant runs in its own process on the same
 random batches (uniform ids, multi-hot lengths 0..3); the order rotates each round. Besides
-samples/s (wall time) each variant's CPU seconds per step (all its threads) are printed:
-on a machine other jobs share, wall time moves with their load, CPU time much less.
+samples/s (wall time) each variant's CPU seconds per step (all its threads, thread pools'
+spin-waits included) are printed: how much of the cores a step used. Both move with the
+load of a shared machine (the Keras twin's CPU time by up to 1.6x between runs): compare
+within a round.
 
 --amp adds `ours_amp_bf16` (ours with --amp forced to bfloat16, DLRM_CPU_AMP=bfloat16, on
 any CPU) and `keras_bf16` (the Keras twin under Keras' `mixed_bfloat16` policy), then prints
@@ -189,8 +191,8 @@ def main(argv=None) -> int:
     cpu = [r["keras"]["cpu_seconds_per_step"] / r["ours"]["cpu_seconds_per_step"]
            for r in results]
     print(f"CPU time per step, naive Keras / ours: median {np.median(cpu):.2f}x (min "
-          f"{min(cpu):.2f}x, max {max(cpu):.2f}x; the process's CPU seconds, all threads: "
-          f"moves less than wall time when other jobs share the cores)")
+          f"{min(cpu):.2f}x, max {max(cpu):.2f}x; the process's CPU seconds, all threads, "
+          f"spin-waits included)")
     if args.amp:
         report_amp(results, lambda r: r["samples_per_second"],
                    results[0]["ours"]["flop_per_sample"])
