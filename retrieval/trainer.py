@@ -156,6 +156,23 @@ class RetrievalTask:
         return batch[1]
 
 
+def by_length(batches):
+    """The features of step batches regrouped by history length, each group cut to its
+    longest history: the encoder then reads few padded positions (Beauty's median
+    history is 6 of 50). Left padding is cut, so every id keeps its position."""
+    features = [{k: v.numpy() for k, v in batch[0].items()} for batch in batches]
+    if not features:
+        return
+    size = max(len(f[ITEM_IDS]) for f in features)
+    rows = {k: np.concatenate([f[k] for f in features]) for k in features[0]}
+    order = np.argsort((rows[ITEM_IDS][:, :-1] > 0).sum(1), kind="stable")
+    for start in range(0, len(order), size):
+        group = {k: v[order[start:start + size]] for k, v in rows.items()}
+        real = (group[ITEM_IDS][:, :-1] > 0).any(0)
+        first = int(np.argmax(real)) if real.any() else real.size - 1
+        yield {k: tf.constant(v[:, first:]) for k, v in group.items()}
+
+
 def batch_signature(config) -> tuple:
     """TensorSpecs of a batch (any batch size)."""
     ids = tf.TensorSpec([None, config.length + 1], tf.int64)
@@ -180,8 +197,10 @@ class RetrievalTrainer(Trainer):
         super().__init__(task, comm, [group], compute_dtype_for(amp),
                          input_signature=signature, predict_signature=signature,
                          divergence_hint="Lower --lr.", divergence_factor=divergence_factor)
-        self._ranks = tf.function(self._ranks_of, input_signature=[signature[0]],
-                                  autograph=False)
+        # evaluation batches are cut to their longest history (any length)
+        trimmed = tf.nest.map_structure(lambda x: tf.TensorSpec([None, None], x.dtype),
+                                        signature[0])
+        self._ranks = tf.function(self._ranks_of, input_signature=[trimmed], autograph=False)
 
     def _ranks_of(self, features):
         """Each row's target's rank [b, 2]: among every candidate item, and among those the
@@ -200,7 +219,7 @@ class RetrievalTrainer(Trainer):
         pass: METRIC_KEYS over every item, filtered_<key> without the user's seen items
         (the target kept). This rank's rows; rank 0 gathers every rank's ranks and
         broadcasts the figures."""
-        ranks = [self._ranks(batch[0]).numpy() for batch in batches]
+        ranks = [self._ranks(rows).numpy() for rows in by_length(batches)]
         ranks = np.concatenate(ranks) if ranks else np.zeros((0, 2), np.int32)
         plain, filtered = (gather_to_root(self.comm, ranks[:, i].copy()) for i in (0, 1))
         keys = list(METRIC_KEYS) + [f"filtered_{k}" for k in METRIC_KEYS]

@@ -252,3 +252,20 @@ def test_evaluate_gives_both_protocols_from_numpy_ranks():
         assert got[key] == pytest.approx(want, abs=1.01 / 70), key
     for key, want in ranking_metrics(filtered).items():
         assert got[f"filtered_{key}"] == pytest.approx(want, abs=1.01 / 70), key
+
+
+@pytest.mark.parametrize("kind", ["sasrec", "hstu"])
+def test_encoding_without_the_left_padding_gives_the_same_vectors(kind):
+    """Evaluation cuts padding columns no history of the batch uses: each real position
+    keeps its position and its vector."""
+    model = randomised(Encoder(RetrievalConfig(model=kind, items=7, length=6, width=8,
+                                               timestamps=kind == "hstu")))
+    ids = np.array([[0, 0, 0, 4, 2, 7], [0, 0, 3, 1, 5, 5], [0, 0, 0, 0, 0, 1]], np.int64)
+    times = np.cumsum(np.random.default_rng(1).integers(0, 10 ** 6, ids.shape), 1) \
+        if kind == "hstu" else None
+    whole = model.encode(tf.constant(ids), None if times is None else tf.constant(times))
+    cut = model.encode(tf.constant(ids[:, 2:]),
+                       None if times is None else tf.constant(times[:, 2:]))
+    real = ids[:, 2:] > 0
+    np.testing.assert_allclose(cut.numpy()[real], whole.numpy()[:, 2:][real], rtol=1e-5,
+                               atol=1e-5)
