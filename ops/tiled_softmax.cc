@@ -82,16 +82,19 @@ namespace {
 
 constexpr int64_t kTile = 192;  // items per tile: a multiple of 16 (Logits) and 24 (AddQG)
 constexpr int64_t kRows = 48;   // rows per chunk of logits: a multiple of 6
-constexpr int64_t kGroups = 8;  // item ranges: fixed, so sums do not depend on the threads
+// item ranges: a fixed count (sums do not depend on the threads), several per thread (a
+// thread slowed by other work on its core leaves its ranges to the others)
+constexpr int64_t kGroups = 16;
 constexpr float kMinExp = -87.0f;  // below it exp underflows float32's normal range
 
 int64_t RoundUp(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // exp(x) for x <= 0: 2^n e^r with n = round(x / ln 2), |r| <= ln2 / 2, e^r by its Taylor
-// polynomial to r^6 (relative error < 2e-7); exactly 0 below kMinExp.
+// polynomial to r^6 (relative error < 2e-7); exactly 0 below kMinExp; NaN stays NaN (a
+// diverged step's loss must not look finite).
 inline __m256 Exp(__m256 x) {
-  const __m256 valid = _mm256_cmp_ps(x, _mm256_set1_ps(kMinExp), _CMP_GE_OQ);
-  x = _mm256_max_ps(x, _mm256_set1_ps(kMinExp));
+  const __m256 valid = _mm256_cmp_ps(x, _mm256_set1_ps(kMinExp), _CMP_NLT_UQ);
+  x = _mm256_max_ps(_mm256_set1_ps(kMinExp), x);  // the second operand when one is NaN
   const __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)),
                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
   __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
@@ -253,12 +256,13 @@ struct Tiles {
       for (int64_t k = 0; k < d; ++k) (*Tt)[k * kTile + c] = table[(first + c) * d + k];
   }
 
-  // Runs work(group) for each group on the intra-op threads.
+  // Runs work(group) for each group on the intra-op threads, each group a task of its own
+  // (taken by whichever thread is free).
   template <typename Work>
   void ForGroups(OpKernelContext* ctx, Work work) const {
     const auto& workers = *ctx->device()->tensorflow_cpu_worker_threads();
     const int64_t cost = std::max<int64_t>(1, padded_rows * D * kTile * tiles / groups);
-    Shard(workers.num_threads, workers.workers, groups, cost,
+    Shard(std::max<int64_t>(groups, workers.num_threads), workers.workers, groups, cost,
           [&](int64_t first, int64_t last) {
             for (int64_t g = first; g < last; ++g) work(g);
           });
