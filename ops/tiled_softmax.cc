@@ -418,7 +418,8 @@ class TiledTargetRanksOp : public OpKernel {
     if (w.rows == 0) return;
     OP_REQUIRES(ctx, w.items > 0, errors::InvalidArgument(name(), ": an empty table"));
     std::vector<float> target(w.rows);
-    for (int64_t p = 0; p < w.rows; ++p) target[p] = Dot(w.queries + p * w.d, w.table + w.ids[p] * w.d, w.d);
+    for (int64_t p = 0; p < w.rows; ++p)
+      target[p] = Dot(w.queries + p * w.d, w.table + w.ids[p] * w.d, w.d);
     std::vector<int32> counts(w.groups * w.rows, 0);  // items at or above the target, per group
     w.ForGroups(ctx, [&](int64_t g) {
       std::vector<float> Tt, S(kRows * kTile);

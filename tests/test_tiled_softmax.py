@@ -148,3 +148,14 @@ def test_bad_labels_are_an_error():
     with pytest.raises(tf.errors.InvalidArgumentError, match="outside the table's rows"):
         lib.tiled_softmax_loss(tf.zeros([2, 4]), tf.zeros([3, 4]),
                                tf.constant([0, 3], tf.int64))
+
+
+def test_a_nan_logit_makes_the_loss_nan():
+    """As TensorFlow's: a diverged model's loss must not look finite (the engine stops on
+    it), whether the NaN is in the query or in another item's row."""
+    require_kernel()
+    q, t = np.ones((2, 4), np.float32), np.ones((300, 4), np.float32)
+    t[250, 1] = np.nan  # not a target: only the log-sum-exp reads it
+    got = fused_ops.softmax_cross_entropy_rows(tf.constant(q), tf.constant(t),
+                                               tf.constant([0, 3], tf.int64))
+    assert np.isnan(got.numpy()).all()
