@@ -10,6 +10,12 @@ whole catalogue at every one of the batch's [b, L] positions, the loss masked to
 pairs. Beauty's histories are short (median ~6 of 51 positions), so most of those logits
 are of padding: ours scores the real pairs only.
 
+The same step at another commit (--baseline, default 5373d81: the step before the tiled
+softmax) runs in each round beside ours, in a git worktree of that commit with its own
+kernels built (bench/compare_commits.py's checkout), and so does a full evaluation of
+Beauty's 22,363 users (HSTU, both commits: ours ranks under both protocols in its one pass,
+the baseline ranks over every item only).
+
 Rows are seeded random histories whose real lengths follow Beauty's (2 + geometric(0.2),
 clipped to 3..51: median 6, mean 7), ids uniform in 1..12,101, left-padded with 0. Each
 variant runs in its own process; the order rotates each round (bench/rates.py), each round
@@ -18,6 +24,7 @@ round, each step as a fraction of the peak, and writes bench/results/retrieval_t
 (not at BENCH_SMOKE=1, whose toy figures mean nothing).
 
   .venv/bin/python bench/retrieval_throughput.py [--steps 20] [--warmup 3] [--rounds 3]
+      [--baseline 5373d81]
 """
 from __future__ import annotations
 
@@ -37,8 +44,10 @@ from rates import PEAK, PEAK_SIZE, ROOT, SMOKE, interleaved, medians  # noqa: E4
 
 ITEMS, LENGTH, WIDTH, BLOCKS, HEADS = (300, 10, 16, 2, 1) if SMOKE else (12101, 50, 64, 2, 1)
 DROPOUT, LR = 0.2, 1e-3
+USERS, EVAL_BATCH = (50, 16) if SMOKE else (22363, 1024)  # Beauty's users; main.py's default
 MODELS = ("sasrec", "hstu")
-VARIANTS = tuple(f"{kind}_{m}" for m in MODELS for kind in ("ours", "keras"))
+KINDS = ("ours", "keras", "base")  # base: ours at --baseline
+VARIANTS = tuple(f"{kind}_{m}" for m in MODELS for kind in KINDS) + ("eval_ours", "eval_base")
 RESULTS = os.path.join(ROOT, "bench", "results", "retrieval_throughput.txt")
 FLOP_NOTE = ("FLOP counted on the useful work, x2 per multiply-add, x3 for forward + backward: "
              "the logits of the real pairs (pairs x items x width) and, per block, the "
@@ -47,9 +56,9 @@ FLOP_NOTE = ("FLOP counted on the useful work, x2 per multiply-add, x3 for forwa
              "keys (2 x width each); padding counted nowhere")
 
 
-def batches(batch_size: int, count: int = 4) -> list:
+def batches(batch_size: int, count: int = 4, seed: int = 0) -> list:
     """int64 [b, L + 1] rows, the same in every process."""
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     out = []
     for _ in range(count):
         lengths = np.clip(2 + rng.geometric(0.2, batch_size), 3, LENGTH + 1)
@@ -85,6 +94,27 @@ def ours(model: str, data: list):
     steps = [RowBatches({"item_ids": ids}, len(ids), comm).batch(np.arange(len(ids)))
              for ids in data]
     return lambda i: float(trainer.train_step(steps[i % len(steps)], i))
+
+
+def evaluation(model: str):
+    """A function timing one full evaluation of USERS histories (RetrievalTrainer.evaluate,
+    the first call traced beforehand), in seconds."""
+    from core.parallel.comm import make_communicator
+    from retrieval.batches import RowBatches
+    from retrieval.model import Encoder, RetrievalConfig
+    from retrieval.trainer import RetrievalTrainer
+    config = RetrievalConfig(model=model, items=ITEMS, length=LENGTH, width=WIDTH,
+                             blocks=BLOCKS, heads=HEADS, dropout=DROPOUT)
+    comm = make_communicator()
+    trainer = RetrievalTrainer(Encoder(config), comm, lambda step: LR)
+    rows = RowBatches({"item_ids": batches(USERS, 1, seed=1)[0]}, EVAL_BATCH, comm)
+    trainer.evaluate(rows.epoch())
+
+    def timed():
+        start = time.perf_counter()
+        trainer.evaluate(rows.epoch())
+        return time.perf_counter() - start
+    return timed
 
 
 def keras_twin(model: str, data: list):
@@ -168,12 +198,19 @@ def keras_twin(model: str, data: list):
     return lambda i: float(step(steps[i % len(steps)]))
 
 
-def measure(variant: str, batch_size: int, steps: int, warmup: int) -> dict:
+def measure(variant: str, batch_size: int, steps: int, warmup: int, tree: str) -> dict:
+    """tree: the checkout whose toolkit runs (a base_ or eval_base variant's: --baseline's)."""
+    sys.path.insert(0, tree)
     from core import runtime
     runtime.import_tensorflow()  # the toolkit's settings, the same for both; a faster import
     import tensorflow as tf
     kind, model = variant.split("_")
-    step = (ours if kind == "ours" else keras_twin)(model, batches(batch_size))
+    if kind == "eval":
+        timed = evaluation("hstu")
+        seconds = min(timed() for _ in range(2))
+        return {"variant": variant, "seconds": seconds, "users_per_second": USERS / seconds,
+                "tensorflow": tf.__version__}
+    step = (keras_twin if kind == "keras" else ours)(model, batches(batch_size))
     for i in range(warmup):
         step(i)
     start = time.perf_counter()
@@ -197,11 +234,20 @@ def main(argv=None) -> int:
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--rounds", type=int, default=3,
                    help="rounds of every variant, interleaved so that load drifts hit all")
+    p.add_argument("--baseline", default="5373d81",
+                   help="the commit whose step and evaluation run beside ours")
+    p.add_argument("--workdir", default="/tmp/compare_commits",
+                   help="where the baseline's worktree is made (kept for reuse)")
     p.add_argument("--variant", choices=VARIANTS, help="internal: run one variant")
+    p.add_argument("--tree", default=ROOT, help="internal: the checkout the variant runs")
     args = p.parse_args(argv)
     if args.variant:
-        print(json.dumps(measure(args.variant, args.batch_size, args.steps, args.warmup)))
+        print(json.dumps(measure(args.variant, args.batch_size, args.steps, args.warmup,
+                                 args.tree)))
         return 0
+    from compare_commits import checkout
+    # a toy run compares the tree with itself (no checkout, no build)
+    base_tree = ROOT if SMOKE else checkout(args.baseline, args.workdir, sys.executable)
 
     load_before = open("/proc/loadavg").read().split()[:3]
     lines = []
@@ -211,20 +257,26 @@ def main(argv=None) -> int:
         lines.append(line)
 
     def run(variant, round_):
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--variant", variant]
+        tree = base_tree if variant.startswith(("base", "eval_base")) else ROOT
+        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--variant", variant,
+                              "--tree", tree]
                              + [f"--{k}={getattr(args, k)}" for k in
                                 ("batch_size", "steps", "warmup")],
                              capture_output=True, text=True)
         if out.returncode:
             sys.exit(f"error: {variant} failed:\n{out.stderr[-3000:]}")
         r = json.loads(out.stdout.strip().splitlines()[-1])
-        say(f"round {round_}: {variant:12s} {r['steps_per_second']:8.2f} steps/s "
-            f"{r['histories_per_second']:9,.0f} histories/s")
+        if "seconds" in r:
+            say(f"round {round_}: {variant:12s} {r['seconds']:8.2f} s per evaluation "
+                f"{r['users_per_second']:9,.0f} users/s")
+        else:
+            say(f"round {round_}: {variant:12s} {r['steps_per_second']:8.2f} steps/s "
+                f"{r['histories_per_second']:9,.0f} histories/s")
         return r
     results = interleaved(VARIANTS, args.rounds, run, peak=True)
     lines.extend(f"round {i}: matmul peak float32 {r[PEAK]['float32']:,.0f} GFLOP/s"
                  for i, r in enumerate(results))  # rates.py printed them, unrecorded
-    steps = medians(results, lambda r: r["steps_per_second"])
+    steps = medians(results, lambda r: r.get("steps_per_second", 0.0))
     # load only slows a run: the best round (step and peak alike) is the nearest to the
     # machine alone (bench/rates.py's convention)
     peak = max(r[PEAK]["float32"] for r in results)
@@ -235,20 +287,33 @@ def main(argv=None) -> int:
         f"{pairs:.0f} real pairs per batch ({pairs / args.batch_size:.1f} per history)")
     say(f"{'model':7s} {'variant':7s} {'steps/s':>8s} {'histories/s':>12s} "
         f"{'ours/twin (range)':>20s} {'GFLOP/step':>11s} {'best: % of fp32 peak':>21s}")
+    def spread(a, b, figure) -> str:
+        """a / b within each round: median (range)."""
+        ratios = [figure(r[a]) / figure(r[b]) for r in results]
+        return f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)"
+    rate = lambda r: r["steps_per_second"]  # noqa: E731
+    names = {"ours": "ours", "keras": "twin", "base": args.baseline[:7]}
     for model in MODELS:
         flop = flop_per_step(model, data)
-        ratios = [r[f"ours_{model}"]["steps_per_second"] / r[f"keras_{model}"]["steps_per_second"]
-                  for r in results]
-        for kind in ("ours", "keras"):
+        for kind in KINDS:
             v = f"{kind}_{model}"
             best = max(r[v]["steps_per_second"] for r in results)
-            ratio = (f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}x)"
-                     if kind == "ours" else "")
-            say(f"{model:7s} {'ours' if kind == 'ours' else 'twin':7s} {steps[v]:8.2f} "
+            ratio = spread(v, f"keras_{model}", rate) if kind == "ours" else ""
+            say(f"{model:7s} {names[kind]:7s} {steps[v]:8.2f} "
                 f"{steps[v] * args.batch_size:12,.0f} {ratio:>20s} {flop / 1e9:11.2f} "
                 f"{100 * best * flop / 1e9 / peak:20.1f}%")
-    say(f"target: ours / twin >= 1.5x. float32 matmul peak ({PEAK_SIZE}^2 chain, its own "
-        f"process, best of {args.rounds} rounds): {peak:,.0f} GFLOP/s")
+    for model in MODELS:
+        say(f"training step, ours / {args.baseline} (same flags, within each round): "
+            f"{model} {spread(f'ours_{model}', f'base_{model}', rate)}")
+    seconds = {v: statistics.median(r[v]["seconds"] for r in results)
+               for v in ("eval_ours", "eval_base")}
+    say(f"evaluation of {USERS:,} users (HSTU, batches of {EVAL_BATCH}), median s: ours "
+        f"{seconds['eval_ours']:.2f} (both protocols), {args.baseline} "
+        f"{seconds['eval_base']:.2f} (every item only); {args.baseline} / ours "
+        f"{spread('eval_base', 'eval_ours', lambda r: r['seconds'])}")
+    say(f"targets: ours / twin >= 1.5x; ours / {args.baseline} >= 2.5x (training), >= 2x "
+        f"(evaluation); ours >= 40% of the peak. float32 matmul peak ({PEAK_SIZE}^2 chain, "
+        f"its own process, best of {args.rounds} rounds): {peak:,.0f} GFLOP/s")
     say(f"{FLOP_NOTE}.")
     if SMOKE:
         print(f"BENCH_SMOKE=1: toy sizes, {os.path.relpath(RESULTS, ROOT)} left as it was")

@@ -1,7 +1,11 @@
 """Training samples/s of this Wide & Deep against a naive Keras implementation of the same
 model (Keras Embedding/Dense layers, Keras Ftrl/RMSprop, default TensorFlow settings), on
 the reference shape (~92 M parameters). Each variant runs in its own process on the same
-random batches (uniform ids, multi-hot lengths 0..3); the order rotates each round.
+random batches (uniform ids, multi-hot lengths 0..3); the order rotates each round. Besides
+samples/s (wall time) each variant's CPU seconds per step (all its threads, thread pools'
+spin-waits included) are printed: how much of the cores a step used. Both move with the
+load of a shared machine (the Keras twin's CPU time by up to 1.6x between runs): compare
+within a round.
 
 --amp adds `ours_amp_bf16` (ours with --amp forced to bfloat16, DLRM_CPU_AMP=bfloat16, on
 any CPU) and `keras_bf16` (the Keras twin under Keras' `mixed_bfloat16` policy), then prints
@@ -137,11 +141,12 @@ def measure(variant: str, batch_size: int, steps: int, warmup: int, scale: float
     data = batches(spec, batch_size, 4)
     for i in range(warmup):
         step(data[i % 4], i)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for i in range(steps):
         step(data[i % 4], warmup + i)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     return {"variant": variant, "samples_per_second": steps * batch_size / elapsed,
+            "cpu_seconds_per_step": cpu / steps,
             "parameters": parameter_count(config), "batch_size": batch_size, "steps": steps,
             "flop_per_sample": flop_per_sample(config)}
 
@@ -173,8 +178,9 @@ def main(argv=None) -> int:
 
     def run(variant, round_):
         r = run_variant(variant, args)
-        print(f"round {round_}: {variant:13s} {r['samples_per_second']:>10,.0f} samples/s "
-              f"({r['parameters']:,} parameters, batch {args.batch_size})", flush=True)
+        print(f"round {round_}: {variant:13s} {r['samples_per_second']:>10,.0f} samples/s, "
+              f"{r['cpu_seconds_per_step']:.2f} CPU s per step ({r['parameters']:,} "
+              f"parameters, batch {args.batch_size})", flush=True)
         return r
     results = interleaved(AMP_VARIANTS if args.amp else VARIANTS, args.rounds, run, args.amp)
     ratios = [r["ours"]["samples_per_second"] / r["keras"]["samples_per_second"]
@@ -182,6 +188,11 @@ def main(argv=None) -> int:
     print(f"speed-up over naive Keras: median {np.median(ratios):.2f}x over "
           f"{args.rounds} rounds (min {min(ratios):.2f}x, max {max(ratios):.2f}x; "
           f"target >= 1.5x)")
+    cpu = [r["keras"]["cpu_seconds_per_step"] / r["ours"]["cpu_seconds_per_step"]
+           for r in results]
+    print(f"CPU time per step, naive Keras / ours: median {np.median(cpu):.2f}x (min "
+          f"{min(cpu):.2f}x, max {max(cpu):.2f}x; the process's CPU seconds, all threads, "
+          f"spin-waits included)")
     if args.amp:
         report_amp(results, lambda r: r["samples_per_second"],
                    results[0]["ours"]["flop_per_sample"])

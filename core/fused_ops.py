@@ -18,7 +18,8 @@ import tensorflow as tf
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 # one library per source: build/<name>.so from ops/<name>.cc
-KERNELS = ("lazy_adam_rows", "sgd_rows", "recurrent_cells", "segment_sum_rows", "distinct_ids")
+KERNELS = ("lazy_adam_rows", "sgd_rows", "recurrent_cells", "segment_sum_rows", "distinct_ids",
+           "tiled_softmax")
 _loaded = {}
 
 
@@ -149,6 +150,27 @@ def distinct_ids(ids, num_rows: int):
     if lib is None:
         return tf.unique(ids)
     return lib.distinct_ids(ids, tf.constant(num_rows, tf.int64))
+
+
+@tf.autograph.experimental.do_not_convert
+def softmax_cross_entropy_rows(queries, table, labels):
+    """Per row p: the softmax cross-entropy of the logits queries[p] . table[n] over every row
+    n of the table at labels[p] (int64, 0-based), float32 [P], differentiable in queries and
+    table. On a CPU the TiledSoftmaxLoss op (ops/tiled_softmax.cc) makes the [P, N] logits a
+    tile of rows at a time (forward and backward), never whole; else TensorFlow's ops."""
+    lib = cpu_library("tiled_softmax")
+    if lib is None or queries.dtype != tf.float32 or table.dtype != tf.float32:
+        return tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=labels, logits=tf.matmul(queries, table, transpose_b=True))
+
+    @tf.custom_gradient
+    def loss(queries, table):
+        per_row, lse = lib.tiled_softmax_loss(queries, table, labels)
+
+        def grad(upstream):
+            return lib.tiled_softmax_loss_grad(queries, table, labels, lse, upstream)
+        return per_row, grad
+    return loss(queries, table)
 
 
 @tf.RegisterGradient("SegmentSumRows")

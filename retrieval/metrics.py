@@ -7,6 +7,8 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from core.fused_ops import cpu_library
+
 CUTOFFS = (1, 5, 10, 20, 50)
 # the keys of results.json's "valid" and "test" (NDCG@1 equals HR@1)
 METRIC_KEYS = tuple([f"hr@{k}" for k in CUTOFFS] + [f"ndcg@{k}" for k in CUTOFFS[1:]]
@@ -33,6 +35,18 @@ def target_ranks(scores, targets, seen=None):
         hidden = seen_mask(seen, items) & ~tf.cast(tf.one_hot(targets - 1, items), tf.bool)
         scores = tf.where(hidden, tf.constant(-np.inf, scores.dtype), scores)
     return tf.reduce_sum(tf.cast(scores >= target_scores[:, None], tf.int32), axis=1) - 1
+
+
+def full_ranks(queries, table, targets, seen):
+    """(ranks, filtered ranks) int32 [n] of targets (int64 [n] in 1..N) among the scores
+    queries @ table^T (float32 [n, d] and [N, d]) of items 1..N, as target_ranks gives them
+    without and with seen (int64 [n, L], 0: none). On a CPU the TiledTargetRanks op
+    (ops/tiled_softmax.cc) counts a tile of items at a time, never the [n, N] scores whole."""
+    lib = cpu_library("tiled_softmax")
+    if lib is None:
+        scores = tf.matmul(queries, table, transpose_b=True)
+        return target_ranks(scores, targets), target_ranks(scores, targets, seen)
+    return lib.tiled_target_ranks(queries, table, targets - 1, seen - 1)
 
 
 def ranking_metrics(ranks) -> dict:

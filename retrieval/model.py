@@ -174,11 +174,14 @@ class Encoder(tf.Module):
 
     # ---- the encoders ----------------------------------------------------------------------
     def encode(self, ids, timestamps=None, seed=None, compute_dtype=tf.float32):
-        """ids int64 [b, L] -> float32 [b, L, d]: position p's vector predicts the next item.
+        """ids int64 [b, L'] (L' <= L: the last L' of L positions) -> float32 [b, L', d]:
+        position p's vector predicts the next item.
         seed (dropout()'s) turns dropout on (training)."""
         c = self.config
         valid = tf.cast(ids > 0, tf.float32)[:, :, None]
-        x = tf.nn.embedding_lookup(self.items, ids) * (c.width ** 0.5) + self.positions
+        # fewer than L columns: the most recent ones (left padding cut), at their positions
+        x = tf.nn.embedding_lookup(self.items, ids) * (c.width ** 0.5) + \
+            self.positions[c.length - tf.shape(ids)[1]:]
         x = dropout(x, c.dropout, seed, 1) * valid
         # key j is visible from query i when j <= i and j holds an item (or is i itself, so
         # a padded query still has a key: its output is masked anyway)

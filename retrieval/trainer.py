@@ -15,8 +15,9 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
+from core.fused_ops import softmax_cross_entropy_rows
 from core.optimizers import make_optimizer
-from retrieval.metrics import METRIC_KEYS, ranking_metrics, target_ranks
+from retrieval.metrics import METRIC_KEYS, full_ranks, ranking_metrics
 from training import OptimizerGroup, Trainer, compute_dtype_for
 from training.checkpoint import with_slots
 from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
@@ -72,6 +73,26 @@ def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, c
         labels=tf.zeros_like(targets, tf.int32), logits=logits)
 
 
+def scored(model, vectors, compute_dtype):
+    """(queries [n, d], table [C, d]): what model.scores multiplies, float32, its C candidate
+    items first (a dynamic table's allocated rows are rows 1..C), in compute_dtype's
+    precision (bfloat16: rounded to it, the products summed in float32)."""
+    queries, table = model.queries(vectors), model.catalogue()
+    candidates = model.candidates()
+    if candidates is not None:
+        table = table[:tf.reduce_sum(tf.cast(candidates, tf.int32))]
+    if compute_dtype != tf.float32:
+        queries, table = (tf.cast(tf.cast(x, compute_dtype), tf.float32) for x in (queries, table))
+    return queries, table
+
+
+def full_softmax(model, vectors, targets, compute_dtype):
+    """Per-pair softmax cross-entropy of each target (a row 1..N) over every candidate item:
+    model.scores' logits, a tile of items at a time (core/fused_ops.py), never whole."""
+    queries, table = scored(model, vectors, compute_dtype)
+    return softmax_cross_entropy_rows(queries, table, targets - 1)
+
+
 class RetrievalTask:
     tables, lookup_collectives = (), ()
 
@@ -110,8 +131,7 @@ class RetrievalTask:
             per_pair = sampled_softmax(self.model, vectors, targets, self.negatives,
                                        self.num_negatives, seed[0] + [0, 7], compute_dtype)
         else:
-            per_pair = tf.nn.sparse_softmax_cross_entropy_with_logits(
-                labels=targets - 1, logits=self.model.scores(vectors, compute_dtype))
+            per_pair = full_softmax(self.model, vectors, targets, compute_dtype)
         return mean_share(per_pair, global_rows)
 
     @property
@@ -136,6 +156,23 @@ class RetrievalTask:
         return batch[1]
 
 
+def by_length(batches):
+    """The features of step batches regrouped by history length, each group cut to its
+    longest history: the encoder then reads few padded positions (Beauty's median
+    history is 6 of 50). Left padding is cut, so every id keeps its position."""
+    features = [{k: v.numpy() for k, v in batch[0].items()} for batch in batches]
+    if not features:
+        return
+    size = max(len(f[ITEM_IDS]) for f in features)
+    rows = {k: np.concatenate([f[k] for f in features]) for k in features[0]}
+    order = np.argsort((rows[ITEM_IDS][:, :-1] > 0).sum(1), kind="stable")
+    for start in range(0, len(order), size):
+        group = {k: v[order[start:start + size]] for k, v in rows.items()}
+        real = (group[ITEM_IDS][:, :-1] > 0).any(0)
+        first = int(np.argmax(real)) if real.any() else real.size - 1
+        yield {k: tf.constant(v[:, first:]) for k, v in group.items()}
+
+
 def batch_signature(config) -> tuple:
     """TensorSpecs of a batch (any batch size)."""
     ids = tf.TensorSpec([None, config.length + 1], tf.int64)
@@ -148,8 +185,9 @@ class RetrievalTrainer(Trainer):
                  seed: int = 0, divergence_factor: float = DEFAULT_DIVERGENCE_FACTOR,
                  filter_seen: bool = False, loss: str = "full", negatives: str = "uniform",
                  num_negatives: int = 128):
-        """learning_rate: step -> float (core.optimizers.LearningRateSchedule)."""
-        self.model, self.filter_seen = model, filter_seen
+        """learning_rate: step -> float (core.optimizers.LearningRateSchedule). filter_seen:
+        accepted for retrieval/main.py and unused: every evaluation gives both protocols."""
+        self.model = model
         self.optimizer = make_optimizer("adam", dict(model.named), weight_decay)
         group = OptimizerGroup(self.optimizer, learning_rate,
                                tuple(model.named.values()))
@@ -159,31 +197,39 @@ class RetrievalTrainer(Trainer):
         super().__init__(task, comm, [group], compute_dtype_for(amp),
                          input_signature=signature, predict_signature=signature,
                          divergence_hint="Lower --lr.", divergence_factor=divergence_factor)
-        self._ranks = tf.function(self._ranks_of, input_signature=[signature[0]],
-                                  autograph=False)
+        # evaluation batches are cut to their longest history (any length)
+        trimmed = tf.nest.map_structure(lambda x: tf.TensorSpec([None, None], x.dtype),
+                                        signature[0])
+        self._ranks = tf.function(self._ranks_of, input_signature=[trimmed], autograph=False)
 
     def _ranks_of(self, features):
-        """Each row's target's rank; a target without a row (a dynamic table's unknown id)
-        ranks last."""
+        """Each row's target's rank [b, 2]: among every candidate item, and among those the
+        user has not seen (the target kept); a target without a row (a dynamic table's
+        unknown id) ranks last."""
         history, target = evaluated(with_rows(self.model, features))
         vectors = self.model.encode(history[ITEM_IDS], history.get(TIMESTAMPS),
                                     compute_dtype=self.compute_dtype)
-        scores = self.model.scores(vectors[:, -1], self.compute_dtype)
-        ranks = target_ranks(scores, tf.maximum(target, 1),
-                             history[ITEM_IDS] if self.filter_seen else None)
-        return tf.where(target > 0, ranks, self.model.config.items)
+        queries, table = scored(self.model, vectors[:, -1], self.compute_dtype)
+        ranks = tf.stack(full_ranks(queries, table, tf.maximum(target, 1), history[ITEM_IDS]),
+                         1)
+        return tf.where((target > 0)[:, None], ranks, self.model.config.items)
 
     def evaluate(self, batches) -> dict:
-        """Full-ranking metrics over every row of `batches` (this rank's rows; rank 0
-        gathers every rank's ranks and broadcasts the figures)."""
-        ranks = [self._ranks(batch[0]).numpy() for batch in batches]
-        ranks = gather_to_root(self.comm, np.concatenate(ranks) if ranks else np.zeros(0))
-        figures = np.zeros(len(METRIC_KEYS) + 1)
+        """Full-ranking metrics over every row of `batches` under both protocols, from one
+        pass: METRIC_KEYS over every item, filtered_<key> without the user's seen items
+        (the target kept). This rank's rows; rank 0 gathers every rank's ranks and
+        broadcasts the figures."""
+        ranks = [self._ranks(rows).numpy() for rows in by_length(batches)]
+        ranks = np.concatenate(ranks) if ranks else np.zeros((0, 2), np.int32)
+        plain, filtered = (gather_to_root(self.comm, ranks[:, i].copy()) for i in (0, 1))
+        keys = list(METRIC_KEYS) + [f"filtered_{k}" for k in METRIC_KEYS]
+        figures = np.zeros(len(keys) + 1)
         if self.comm.rank == 0:
-            metrics = ranking_metrics(ranks)
-            figures[:-1], figures[-1] = [metrics[k] for k in METRIC_KEYS], ranks.size
+            figures[:-1] = [m[k] for m in map(ranking_metrics, (plain, filtered))
+                            for k in METRIC_KEYS]
+            figures[-1] = plain.size
         figures = self.comm.broadcast_from_root(figures)
-        return dict(zip(METRIC_KEYS, map(float, figures[:-1])), eval_samples=int(figures[-1]))
+        return dict(zip(keys, map(float, figures[:-1])), eval_samples=int(figures[-1]))
 
     def named_state(self) -> dict:
         """The model's variables and the optimizer's slots, by checkpoint name."""

@@ -12,7 +12,7 @@ import tensorflow as tf
 from retrieval.export import EMBEDDINGS_FILE, export, most_recent
 from retrieval.metrics import METRIC_KEYS, ranking_metrics, target_ranks
 from retrieval.model import Encoder, RetrievalConfig
-from retrieval.trainer import sampled_softmax
+from retrieval.trainer import full_softmax, sampled_softmax
 
 
 def np_layer_norm(x, scale=1.0, offset=0.0):
@@ -202,3 +202,70 @@ def test_sampled_softmax_uniform_drops_accidental_hits():
         hits = int(np.sum(draws == 3 - t))
         logits = np.array([positive] + [other] * hits)
         np.testing.assert_allclose(g, np.log(np.exp(logits).sum()) - positive, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind,normalize", [("sasrec", False), ("hstu", True)])
+def test_full_softmax_is_the_cross_entropy_of_the_models_scores(kind, normalize):
+    """The tiled loss and its gradients against TensorFlow's over model.scores (the
+    normalisation and the temperature stay the model's)."""
+    model = randomised(Encoder(RetrievalConfig(model=kind, items=300, length=4, width=8,
+                                               normalize=normalize,
+                                               temperature=0.1 if normalize else 1.0)))
+    vectors = tf.constant(np.random.default_rng(4).normal(size=(11, 8)).astype(np.float32))
+    targets = tf.constant(np.random.default_rng(5).integers(1, 301, 11))
+    table = model.named["item_embeddings"]
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(vectors)
+        got = full_softmax(model, vectors, targets, tf.float32)
+        want = tf.nn.sparse_softmax_cross_entropy_with_logits(
+            labels=targets - 1, logits=model.scores(vectors))
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-4, atol=1e-5)
+    for a, b in zip(tape.gradient(got, [vectors, table]), tape.gradient(want, [vectors, table])):
+        np.testing.assert_allclose(tf.convert_to_tensor(a).numpy(),
+                                   tf.convert_to_tensor(b).numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_evaluate_gives_both_protocols_from_numpy_ranks():
+    """evaluate(): the ten figures over every item and the ten without each user's seen
+    items (the target kept), each from ranks worked out in numpy over the model's scores."""
+    from core.parallel.comm import make_communicator
+    from retrieval.batches import RowBatches
+    from retrieval.trainer import RetrievalTrainer
+    model = randomised(Encoder(RetrievalConfig(model="hstu", items=40, length=5, width=8)))
+    trainer = RetrievalTrainer(model, make_communicator(), lambda step: 0.0)
+    rng = np.random.default_rng(6)
+    rows = rng.integers(1, 41, (70, 6))
+    rows[:, :2] = np.where(rng.random((70, 2)) < 0.5, 0, rows[:, :2])  # some padding
+    rows[::7, -1] = rows[::7, -2]  # targets seen just before (kept when filtering)
+    got = trainer.evaluate(RowBatches({"item_ids": rows}, 16, trainer.comm).epoch())
+    history, targets = rows[:, :-1], rows[:, -1]
+    scores = (model.scores(model.encode(tf.constant(history))[:, -1])).numpy()
+    bar = scores[np.arange(70), targets - 1][:, None]
+    plain = (scores >= bar).sum(1) - 1
+    seen = np.zeros_like(scores, bool)
+    for r, ids in enumerate(history):
+        seen[r, ids[(ids > 0) & (ids != targets[r])] - 1] = True
+    filtered = (np.where(seen, -np.inf, scores) >= bar).sum(1) - 1
+    assert (filtered < plain).any()
+    assert got["eval_samples"] == 70
+    for key, want in ranking_metrics(plain).items():
+        assert got[key] == pytest.approx(want, abs=1.01 / 70), key
+    for key, want in ranking_metrics(filtered).items():
+        assert got[f"filtered_{key}"] == pytest.approx(want, abs=1.01 / 70), key
+
+
+@pytest.mark.parametrize("kind", ["sasrec", "hstu"])
+def test_encoding_without_the_left_padding_gives_the_same_vectors(kind):
+    """Evaluation cuts padding columns no history of the batch uses: each real position
+    keeps its position and its vector."""
+    model = randomised(Encoder(RetrievalConfig(model=kind, items=7, length=6, width=8,
+                                               timestamps=kind == "hstu")))
+    ids = np.array([[0, 0, 0, 4, 2, 7], [0, 0, 3, 1, 5, 5], [0, 0, 0, 0, 0, 1]], np.int64)
+    times = np.cumsum(np.random.default_rng(1).integers(0, 10 ** 6, ids.shape), 1) \
+        if kind == "hstu" else None
+    whole = model.encode(tf.constant(ids), None if times is None else tf.constant(times))
+    cut = model.encode(tf.constant(ids[:, 2:]),
+                       None if times is None else tf.constant(times[:, 2:]))
+    real = ids[:, 2:] > 0
+    np.testing.assert_allclose(cut.numpy()[real], whole.numpy()[:, 2:][real], rtol=1e-5,
+                               atol=1e-5)

@@ -1,0 +1,161 @@
+"""The tiled softmax over a catalogue (ops/tiled_softmax.cc through core/fused_ops.py and
+retrieval/metrics.py) against numpy in float64: the per-row cross-entropy and both of its
+gradients, and the target's rank among every item and among the unseen ones, ties included,
+at sizes that are not multiples of a tile (N = 1, 191, 193, 500), one row, width 1."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from core import fused_ops
+from retrieval.metrics import full_ranks, target_ranks
+
+SHAPES = [(1, 1, 1), (1, 193, 8), (7, 191, 1), (13, 500, 17), (50, 385, 64)]
+
+
+def require_kernel():
+    if fused_ops.cpu_library("tiled_softmax") is None:
+        pytest.skip("ops/tiled_softmax.cc not built (python -m core.fused_ops --build)")
+
+
+def np_loss_and_grads(q, t, labels, upstream):
+    """float64: the cross-entropy per row and the gradients of sum(upstream * loss)."""
+    q, t = q.astype(np.float64), t.astype(np.float64)
+    s = q @ t.T
+    top = s.max(1, keepdims=True)
+    lse = top[:, 0] + np.log(np.exp(s - top).sum(1))
+    rows = np.arange(len(q))
+    g = np.exp(s - lse[:, None])
+    g[rows, labels] -= 1
+    g *= upstream[:, None]
+    return lse - s[rows, labels], g @ t, g.T @ q
+
+
+@pytest.mark.parametrize("rows,items,width", SHAPES)
+@pytest.mark.parametrize("spread", [1.0, 30.0])  # 30: logits in the hundreds (stability)
+def test_loss_and_gradients_match_numpy(rows, items, width, spread):
+    require_kernel()
+    rng = np.random.default_rng(rows * 1000 + items)
+    q = (rng.normal(size=(rows, width)) * spread / np.sqrt(width)).astype(np.float32)
+    t = rng.normal(size=(items, width)).astype(np.float32)
+    labels = rng.integers(0, items, rows)
+    upstream = rng.normal(size=rows).astype(np.float32)
+    qv, tv = tf.constant(q), tf.constant(t)
+    with tf.GradientTape() as tape:
+        tape.watch([qv, tv])
+        loss = fused_ops.softmax_cross_entropy_rows(qv, tv, tf.constant(labels))
+        total = tf.reduce_sum(loss * upstream)
+    dq, dt = tape.gradient(total, [qv, tv])
+    want_loss, want_dq, want_dt = np_loss_and_grads(q, t, labels, upstream)
+    scale = max(1.0, spread)  # float32 logits of size ~spread: errors in proportion
+    np.testing.assert_allclose(loss.numpy(), want_loss, rtol=1e-4, atol=2e-5 * scale)
+    np.testing.assert_allclose(dq.numpy(), want_dq, rtol=1e-4, atol=2e-5 * scale)
+    np.testing.assert_allclose(dt.numpy(), want_dt, rtol=1e-4, atol=2e-5 * scale)
+
+
+def test_loss_equals_tensorflows_sparse_softmax_cross_entropy():
+    """The kernel path and TensorFlow's ops (the path without the kernel) agree."""
+    require_kernel()
+    rng = np.random.default_rng(5)
+    q, t = rng.normal(size=(30, 16)).astype(np.float32), rng.normal(size=(700, 16)).astype(
+        np.float32)
+    labels = rng.integers(0, 700, 30)
+    got = fused_ops.softmax_cross_entropy_rows(tf.constant(q), tf.constant(t),
+                                               tf.constant(labels))
+    want = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=labels, logits=q @ t.T)
+    np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_gradient_inside_a_function_of_bfloat16_rounded_inputs():
+    """As the trainer's --amp path: inputs rounded to bfloat16, the loss in a tf.function."""
+    require_kernel()
+    rng = np.random.default_rng(6)
+    q, t = rng.normal(size=(9, 8)).astype(np.float32), rng.normal(size=(200, 8)).astype(
+        np.float32)
+    labels = rng.integers(0, 200, 9)
+    table = tf.Variable(t)
+
+    @tf.function
+    def grads(q):
+        with tf.GradientTape() as tape:
+            rounded = [tf.cast(tf.cast(x, tf.bfloat16), tf.float32) for x in (q, table)]
+            loss = tf.reduce_sum(fused_ops.softmax_cross_entropy_rows(*rounded, labels))
+        return loss, tape.gradient(loss, table)
+    loss, dt = grads(tf.constant(q))
+    q16, t16 = (tf.cast(tf.cast(x, tf.bfloat16), tf.float32).numpy() for x in (q, t))
+    want_loss, _, want_dt = np_loss_and_grads(q16, t16, labels, np.ones(9, np.float32))
+    np.testing.assert_allclose(loss.numpy(), want_loss.sum(), rtol=1e-5)
+    # the gradient comes back through the cast to bfloat16: rounded to its 8 bits
+    np.testing.assert_allclose(dt.numpy(), want_dt, rtol=2 ** -7, atol=1e-5)
+
+
+def np_ranks(scores, targets, seen):
+    """0-based ranks (items scored at least as high as the target, the target excluded), over
+    every item and without the seen ones (the target kept)."""
+    rows = np.arange(len(scores))
+    bar = scores[rows, targets - 1][:, None]
+    plain = (scores >= bar).sum(1) - 1
+    hidden = np.zeros(scores.shape, bool)
+    for r, ids in enumerate(seen):
+        for i in ids[ids > 0]:
+            hidden[r, i - 1] = i != targets[r]
+    return plain, plain - (hidden & (scores >= bar)).sum(1)
+
+
+@pytest.mark.parametrize("rows,items,width", SHAPES)
+def test_ranks_match_numpy_with_ties(rows, items, width):
+    """Items with the target's own vector (or a scaled copy of one) tie with it exactly;
+    seen lists repeat ids, hold the target and padding."""
+    require_kernel()
+    rng = np.random.default_rng(rows + items)
+    # small integers: every score is exact in float32, so numpy's are the kernel's
+    t = rng.integers(-3, 4, (items, width)).astype(np.float32)
+    q = rng.integers(-3, 4, (rows, width)).astype(np.float32)
+    targets = rng.integers(1, items + 1, rows)
+    twins = rng.integers(0, items, items // 3)
+    t[twins] = t[rng.integers(0, items, len(twins))]  # repeated rows: ties
+    seen = rng.integers(0, items + 1, (rows, 6))
+    seen[:, 0] = targets
+    seen[:, 1] = seen[:, 2]
+    got = full_ranks(tf.constant(q), tf.constant(t), tf.constant(targets),
+                     tf.constant(seen))
+    plain, filtered = np_ranks(q.astype(np.float64) @ t.T, targets, seen)
+    assert (plain > 0).any() or items == 1
+    np.testing.assert_array_equal(got[0].numpy(), plain)
+    np.testing.assert_array_equal(got[1].numpy(), filtered)
+
+
+def test_ranks_of_real_valued_scores_equal_target_ranks():
+    """Non-integer scores: the kernel's ranks are target_ranks' over TensorFlow's scores
+    but where the two round a near tie apart (at most a few rows of 300)."""
+    require_kernel()
+    rng = np.random.default_rng(8)
+    q, t = rng.normal(size=(300, 32)).astype(np.float32), rng.normal(size=(1000, 32)).astype(
+        np.float32)
+    targets = rng.integers(1, 1001, 300)
+    seen = rng.integers(0, 1001, (300, 10))
+    got = full_ranks(tf.constant(q), tf.constant(t), tf.constant(targets), tf.constant(seen))
+    scores = tf.constant(q @ t.T)
+    want = (target_ranks(scores, tf.constant(targets)),
+            target_ranks(scores, tf.constant(targets), tf.constant(seen)))
+    for g, w in zip(got, want):
+        assert np.mean(np.abs(g.numpy() - w.numpy()) <= 1) == 1.0
+        assert np.mean(g.numpy() == w.numpy()) >= 0.98
+
+
+def test_bad_labels_are_an_error():
+    require_kernel()
+    lib = fused_ops.cpu_library("tiled_softmax")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="outside the table's rows"):
+        lib.tiled_softmax_loss(tf.zeros([2, 4]), tf.zeros([3, 4]),
+                               tf.constant([0, 3], tf.int64))
+
+
+def test_a_nan_logit_makes_the_loss_nan():
+    """As TensorFlow's: a diverged model's loss must not look finite (the engine stops on
+    it), whether the NaN is in the query or in another item's row."""
+    require_kernel()
+    q, t = np.ones((2, 4), np.float32), np.ones((300, 4), np.float32)
+    t[250, 1] = np.nan  # not a target: only the log-sum-exp reads it
+    got = fused_ops.softmax_cross_entropy_rows(tf.constant(q), tf.constant(t),
+                                               tf.constant([0, 3], tf.int64))
+    assert np.isnan(got.numpy()).all()
