@@ -5,10 +5,12 @@ evaluate by full ranking, export a top-k SavedModel.
   python -m retrieval.main --model hstu --dataset_dir DATA --output_dir OUT --mode export
   horovodrun -np 2 -H localhost:2 python -m retrieval.main --model sasrec ...
 
-Training selects the epoch of the best validation NDCG@10 (early stopping after
---early_stopping_patience evaluations without a better one), ends on that state
-(OUT/checkpoint) and writes OUT/results.json: {"valid": {...}, "test": {...}, "best_epoch": N},
-the test figures read once, at the kept state. OUT/checkpoint is also written at the end of
+Every evaluation ranks the target among every item and, in the same pass, among the items
+the user has not seen (the two protocols of the literature). Training keeps the epoch of the
+best validation NDCG@10 (of the seen-removed protocol with --filter_seen; early stopping
+after --early_stopping_patience evaluations without a better one), ends on that state
+(OUT/checkpoint) and writes OUT/results.json: "valid", "test", "valid_filtered",
+"test_filtered", "best_epoch", "selected_on", the test figures read once, at the kept state. OUT/checkpoint is also written at the end of
 every epoch (and every --checkpoint_steps steps), so a killed run continues with --resume and
 ends as an uninterrupted one; a new run into an OUT holding another is refused unless
 --resume, --warm_start or --overwrite says what to do with it.
@@ -25,6 +27,7 @@ from core import runtime
 runtime.import_tensorflow()  # its settings first
 
 # flake8: noqa: E402 (imports after the runtime settings)
+import numpy as np
 import psutil
 import tensorflow as tf
 from absl import app, flags
@@ -92,8 +95,9 @@ flags.DEFINE_integer("early_stopping_patience", 6, "Stop after this many evaluat
                      "without a better validation NDCG@10 (0: never)", lower_bound=0)
 flags.DEFINE_integer("eval_batch_size", 1024, "Users scored at once in an evaluation",
                      lower_bound=1)
-flags.DEFINE_bool("filter_seen", False, "Rank only items absent from the user's history "
-                  "(the published tables rank every item)")
+flags.DEFINE_bool("filter_seen", False, "Keep the epoch of the best validation NDCG@10 with "
+                  "the user's seen items removed (the target kept); without it, of every item "
+                  "ranked (the published tables' protocol). Both are always reported")
 flags.DEFINE_integer("top_k", 100, "--mode export: items the SavedModel returns per history",
                      lower_bound=1)
 define_dynamic_flags("item_ids (or 'all'): the item table learns its "
@@ -131,7 +135,6 @@ flags.register_multi_flags_validator(
     "give at most one of --resume (continue the run in --output_dir), --warm_start (a new run "
     "from its state) and --overwrite (a new run replacing it)")
 
-SELECTION_METRIC = "ndcg@10"
 # float32 copies of the item table a training process holds: the weights and Adam's two slots
 TABLE_COPIES = 3
 
@@ -159,10 +162,18 @@ def rows(spec, mapping: str, length: int) -> dict:
             if k in (ITEM_IDS, TIMESTAMPS)}
 
 
+def selection_metric() -> str:
+    return "filtered_ndcg@10" if F.filter_seen else "ndcg@10"
+
+
 def save_results(path: str, final: dict) -> None:
-    results = {"valid": {k: final[k] for k in METRIC_KEYS},
-               "test": {k: final[f"test_{k}"] for k in METRIC_KEYS},
-               "best_epoch": int(final["best_epoch"])}
+    """Both protocols' figures at the kept epoch: every item ranked, and the seen ones removed."""
+    results = {split: {k: final[f"{prefix}{k}"] for k in METRIC_KEYS}
+               for split, prefix in (("valid", ""), ("test", "test_"),
+                                     ("valid_filtered", "filtered_"),
+                                     ("test_filtered", "test_filtered_"))}
+    results.update(best_epoch=int(final["best_epoch"]),
+                   selected_on=final.get("selected_on", selection_metric()))
     try:
         atomic_write_text(path, json.dumps(results, indent=2) + "\n")
     except OSError as e:
@@ -189,7 +200,7 @@ def train(trainer, data, spec, comm, logger) -> None:
                                 trainer.model.config.checkpoint_shape(), trainer.optimizer,
                                 trainer.dynamic_tables())
     config = loop.LoopConfig(epochs=F.epochs, batch_size=F.batch_size, print_freq=F.print_freq,
-                             max_steps=F.max_steps, selection_metric=SELECTION_METRIC,
+                             max_steps=F.max_steps, selection_metric=selection_metric(),
                              keep_best=True, early_stopping_patience=F.early_stopping_patience,
                              checkpoint_steps=F.checkpoint_steps, checkpoint_every_epoch=True)
     final, _ = loop.train(trainer, data, lambda: trainer.evaluate(validation.epoch()), logger,
@@ -210,11 +221,21 @@ def restore(trainer, path: str, comm) -> dict:
 
 
 def evaluate_kept(trainer, spec, comm, logger) -> None:
-    restore(trainer, paths()["checkpoint"], comm)
-    for mapping in ("validation", "test"):
+    """Both protocols' validation and test figures of the kept checkpoint, logged and written
+    to OUT/results.json as training writes them."""
+    position = restore(trainer, paths()["checkpoint"], comm)
+    chosen = position.get("selection") or {}
+    final = {"best_epoch": chosen.get("best_epoch", position["epoch"]),
+             "selected_on": chosen.get("metric", selection_metric())}
+    for mapping, prefix in (("validation", ""), ("test", "test_")):
         batches = RowBatches(rows(spec, mapping, trainer.model.config.length),
                              F.eval_batch_size, comm)
-        loop.log_result(logger, mapping, trainer.evaluate(batches.epoch()))
+        figures = trainer.evaluate(batches.epoch())
+        loop.log_result(logger, mapping, figures)
+        final.update({f"{prefix}{k}": v for k, v in figures.items()})
+    if comm.rank == 0:
+        save_results(paths()["results"], final)
+        logger.print(f"wrote {paths()['results']}")
 
 
 def check_table_fits(items: int, width: int) -> None:
@@ -240,7 +261,7 @@ def run(spec, comm, logger) -> None:
                        shuffle_seed=F.seed) if F.mode == "train" else None)
     trainer = RetrievalTrainer(model, comm, learning_rate(len(data) if data else 1),
                                F.weight_decay, F.amp, F.seed,
-                               F.divergence_factor, F.filter_seen, F.loss, F.negatives,
+                               F.divergence_factor, F.loss, F.negatives,
                                F.num_negatives)
     comm.broadcast_variables(list(model.named.values()))
     if F.mode == "train":
@@ -262,26 +283,30 @@ def written_paths() -> list:
     if F.mode == "export":
         return [where["saved_model"]]
     if F.mode == "eval":
-        return []
+        return [where["results"]]
     return [where["checkpoint"], best_state_path(where["checkpoint"]), where["results"],
             where["log"], where["curves"]]
 
 
-def held_run() -> str:
-    """What training run --output_dir holds ('' when none)."""
+HELD_RUNS = (("results", "a finished training run (results.json)"),
+             ("checkpoint", "an unfinished training run (its checkpoint)"),
+             ("log", "the log of a training run (log.json)"))
+
+
+def held_run(comm) -> str:
+    """What training run --output_dir holds ('' when none), as rank 0 sees it before any rank
+    writes there (another rank looking later would see this run's own log)."""
     where = paths()
-    for key, what in (("results", "a finished training run (results.json)"),
-                      ("checkpoint", "an unfinished training run (its checkpoint)"),
-                      ("log", "the log of a training run (log.json)")):
-        if os.path.exists(where[key]):
-            return what
-    return ""
+    held = next((i for i, (key, _) in enumerate(HELD_RUNS) if os.path.exists(where[key])),
+                len(HELD_RUNS)) if comm.rank == 0 else 0
+    held = int(comm.broadcast_from_root(np.array([held], np.int64))[0])
+    return HELD_RUNS[held][1] if held < len(HELD_RUNS) else ""
 
 
 def start_or_refuse(comm) -> None:
     """A training run into --output_dir: continue, start from or replace the run it holds
     only as a flag says."""
-    held = held_run()
+    held = held_run(comm)
     if not held or F.resume or F.warm_start:
         return
     if not F.overwrite:

@@ -183,10 +183,9 @@ def batch_signature(config) -> tuple:
 class RetrievalTrainer(Trainer):
     def __init__(self, model, comm, learning_rate, weight_decay: float = 0.0, amp: bool = False,
                  seed: int = 0, divergence_factor: float = DEFAULT_DIVERGENCE_FACTOR,
-                 filter_seen: bool = False, loss: str = "full", negatives: str = "uniform",
+                 loss: str = "full", negatives: str = "uniform",
                  num_negatives: int = 128):
-        """learning_rate: step -> float (core.optimizers.LearningRateSchedule). filter_seen:
-        accepted for retrieval/main.py and unused: every evaluation gives both protocols."""
+        """learning_rate: step -> float (core.optimizers.LearningRateSchedule)."""
         self.model = model
         self.optimizer = make_optimizer("adam", dict(model.named), weight_decay)
         group = OptimizerGroup(self.optimizer, learning_rate,

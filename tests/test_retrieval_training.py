@@ -12,6 +12,9 @@ from core.dllog import read_log
 from conftest import HOROVODRUN, bounded_run, horovodrun, require_or_skip
 
 ITEMS = 30
+PROTOCOLS = ("valid", "test", "valid_filtered", "test_filtered")
+METRIC_KEYS = {"hr@1", "hr@5", "hr@10", "hr@20", "hr@50", "ndcg@5", "ndcg@10", "ndcg@20",
+               "ndcg@50", "mrr"}
 TINY = ["--embedding_dim", "16", "--batch_size", "32", "--eval_batch_size", "64",
         "--max_sequence_length", "8", "--print_freq", "3", "--cpu", "--lr", "0.01",
         "--dropout_rate", "0.1"]
@@ -62,10 +65,14 @@ def test_learns_the_successor_pattern_and_reports_the_kept_epoch(data, tmp_path,
     proc = retrieval("--model", model, "--dataset_dir", data, "--output_dir", out,
                      "--epochs", "8", *TINY, *(["--amp"] if amp else []))
     got = results(out)
-    assert set(got) == {"valid", "test", "best_epoch"}
-    keys = {"hr@1", "hr@5", "hr@10", "hr@20", "hr@50", "ndcg@5", "ndcg@10", "ndcg@20",
-            "ndcg@50", "mrr"}
-    assert set(got["valid"]) == set(got["test"]) == keys
+    assert set(got) == {*PROTOCOLS, "best_epoch", "selected_on"}
+    assert got["selected_on"] == "ndcg@10"
+    for split in PROTOCOLS:
+        assert set(got[split]) == METRIC_KEYS, split
+    for plain, filtered in (("valid", "valid_filtered"), ("test", "test_filtered")):
+        # removing the other seen items can only lift the target
+        for key, value in got[plain].items():
+            assert got[filtered][key] >= value, (filtered, key)
     # chance: 10 of 30 items; the pattern makes the next item certain
     assert got["test"]["hr@10"] > 0.8, proc.stdout[-2000:]
     log = read_log(os.path.join(out, "log.json"))
@@ -74,6 +81,24 @@ def test_learns_the_successor_pattern_and_reports_the_kept_epoch(data, tmp_path,
     assert got["best_epoch"] == max(evals, key=lambda e: (evals[e], -e))
     assert got["valid"]["ndcg@10"] == pytest.approx(evals[got["best_epoch"]])
     assert os.path.isfile(os.path.join(out, "curves.png"))
+
+
+def test_filter_seen_selects_on_the_seen_removed_protocol_and_eval_rewrites_the_figures(
+        data, tmp_path):
+    out = str(tmp_path / "filtered")
+    retrieval("--model", "sasrec", "--dataset_dir", data, "--output_dir", out, "--epochs", "4",
+              "--filter_seen", *TINY)
+    trained = results(out)
+    assert trained["selected_on"] == "filtered_ndcg@10"
+    log = read_log(os.path.join(out, "log.json"))
+    evals = {r["step"][0]: r["data"]["filtered_ndcg@10"] for r in log
+             if isinstance(r["step"], list) and len(r["step"]) == 2
+             and "filtered_ndcg@10" in r["data"]}
+    assert trained["best_epoch"] == max(evals, key=lambda e: (evals[e], -e))
+    os.unlink(os.path.join(out, "results.json"))
+    retrieval("--model", "sasrec", "--dataset_dir", data, "--output_dir", out, "--mode", "eval",
+              *TINY)
+    assert results(out) == trained
 
 
 def test_resumed_run_ends_where_an_uninterrupted_one_does(data, tmp_path):
@@ -231,3 +256,37 @@ def test_an_id_outside_the_static_table_is_one_error_line(data, tmp_path):
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr[-2000:]
     assert "item_ids" in errors[0] and "Traceback" not in proc.stderr
+
+
+def fresh_ending_lines(users: int, twins: bool) -> list:
+    """successor_lines whose last two items are fresh: ids no other line holds, so nothing in
+    training predicts them. twins: each user also has a twin with two more fresh items,
+    whose training rows hold the user's validation and test pairs (a leak, made on purpose)."""
+    fresh = iter(range(ITEMS + 1, ITEMS + 1 + 4 * users))
+    lines = []
+    for line in successor_lines(users, seed=5):
+        user, items = line.split(" ", 1)
+        lines.append(f"{user} {items} {next(fresh)} {next(fresh)}")
+        if twins:
+            lines.append(f"{int(user) + users} {lines[-1].split(' ', 1)[1]} {next(fresh)} "
+                         f"{next(fresh)}")
+    return lines
+
+
+def test_leakage_canary_unpredictable_targets_score_at_chance(tmp_path):
+    """Targets nothing in training predicts rank at chance under both protocols; the same
+    data with each user's validation and test pairs leaked into a twin's training rows
+    scores far above it (the canary can fail)."""
+    users = 150
+    chance = 10 / (ITEMS + 2 * users)  # HR@10 of a target placed at random among the items
+    bound = chance + 4 * (chance * (1 - chance) / users) ** 0.5
+    figures = {}
+    for twins in (False, True):
+        data = prepare(tmp_path, f"twins_{twins}", fresh_ending_lines(users, twins))
+        out = tmp_path / f"run_{twins}"
+        retrieval("--model", "sasrec", "--dataset_dir", data, *TINY, "--epochs", "12",
+                  "--lr_decay", "none", "--output_dir", str(out))
+        figures[twins] = results(out)
+    for split in PROTOCOLS:
+        assert figures[False][split]["hr@10"] <= bound, (split, figures[False][split])
+        assert figures[True][split]["hr@10"] >= bound + 0.05, (split, figures[True][split])
