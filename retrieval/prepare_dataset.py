@@ -41,6 +41,7 @@ import sys
 from dataclasses import dataclass
 
 import numpy as np
+import psutil
 
 from core.cli import ERROR_STATUS, run_cli
 from core.columnar import ColumnarWriter
@@ -310,7 +311,6 @@ def _dictionary(tokens: list) -> str:
 def _check_dense_catalogue(src: str, catalogue: int, distinct: int) -> None:
     """Dense ids make the largest id the catalogue: refuse one that is mostly empty rows or
     beyond this machine's memory, before anything is allocated for it."""
-    import psutil
     memory = psutil.virtual_memory().total
     if catalogue > DENSE_SPARSITY * distinct or catalogue * ROW_BYTES > memory:
         raise PrepareError(
