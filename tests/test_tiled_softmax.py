@@ -8,13 +8,14 @@ import tensorflow as tf
 
 from core import fused_ops
 from retrieval.metrics import full_ranks, target_ranks
+from conftest import require_or_skip
 
 SHAPES = [(1, 1, 1), (1, 193, 8), (7, 191, 1), (13, 500, 17), (50, 385, 64)]
 
 
 def require_kernel():
-    if fused_ops.cpu_library("tiled_softmax") is None:
-        pytest.skip("ops/tiled_softmax.cc not built (python -m core.fused_ops --build)")
+    require_or_skip(fused_ops.is_current("tiled_softmax"), "build/tiled_softmax.so is not "
+                    "built from ops/tiled_softmax.cc (python -m core.fused_ops --build)")
 
 
 def np_loss_and_grads(q, t, labels, upstream):
