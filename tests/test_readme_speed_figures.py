@@ -11,7 +11,8 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READMES = ("README.md", "sim/README.md", "wide_and_deep/README.md", "preproc/README.md",
            "retrieval/README.md", "tensorflow-dot-based-interact/README.md")
-CURRENT_TF = "2.21"
+REQUIREMENTS = open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8").read()
+CURRENT_TF = re.search(r"^tensorflow-cpu==(\d+\.\d+)", REQUIREMENTS, re.M).group(1)
 NUMBER = r"\d+\.\d+"
 # a decimal (optionally the end of a range) right before x or ×: "1.34x", "1.34 ×", "1.26-1.82x";
 # integers ("26 × 1000", "2x") and words ("1.5xla") are not ratios
@@ -25,11 +26,11 @@ TF_VERSION = re.compile(r"TensorFlow (\d+\.\d+)")
 
 
 def units(text):
-    """Paragraphs, table rows and list items, each as one string."""
+    """Paragraphs, table rows, list items and headings, each as one string."""
     out, current = [], []
     for line in text.splitlines():
-        starts_unit = line.startswith("|") or re.match(r"\s{0,3}([-*]|\d+\.)\s", line)
-        if not line.strip() or starts_unit or line.startswith("#"):
+        starts_unit = re.match(r"\||#|\s{0,3}([-*]|\d+\.)\s", line)
+        if not line.strip() or starts_unit or current[:1] and current[0].startswith("#"):
             out.append(" ".join(current))
             current = []
         current.append(line.strip())
@@ -67,11 +68,12 @@ def quoted():
 
 
 def test_units_and_figures_are_found():
-    text = ("Intro 1.34× naive Keras (`bench/results/a.txt`).\n\n| x | 1.26-1.82x |\n"
+    text = ("## Speed 1.1x\nIntro 1.34× naive Keras (`bench/results/a.txt`).\n\n"
+            "| x | 1.26-1.82x |\n"
             "- 76.6 % / 78.3 % of the float32 matmul peak\n  continued 2.0 x\n\n"
-            "26 × 1000 tables, 2x faster, --xla 1.5xla")
+            "26 × 1000 tables, 2x faster, --xla 1.5xla, 21.6 % of the steps")
     found = [(ratios(u) | peak_percents(u)) for u in units(text)]
-    assert found == [{"1.34"}, {"1.26", "1.82"}, {"76.6%", "78.3%", "2.0"}, set()]
+    assert found == [{"1.1"}, {"1.34"}, {"1.26", "1.82"}, {"76.6%", "78.3%", "2.0"}, set()]
 
 
 QUOTED = list(quoted())
@@ -90,8 +92,8 @@ def test_each_figure_is_in_a_named_results_file(readme, unit, figures, files):
         versions = TF_VERSION.findall(head)
         assert versions, f"bench/results/{name}: header names no TensorFlow version"
         for version in set(versions) - {CURRENT_TF}:
-            assert version in unit, \
-                f"{readme} quotes bench/results/{name} (TensorFlow {version}) without saying so: {unit}"
+            assert version in unit, (f"{readme} quotes bench/results/{name} (TensorFlow {version})"
+                                     f" without saying so: {unit}")
         in_files |= file_figures(name)
     missing = sorted(figures - in_files)
     assert not missing, f"{readme}: {missing} not in {files}: {unit}"
