@@ -29,20 +29,23 @@ LAYER_NORM_EPSILON = 1e-6
 
 class NamedWeights:
     """Named variables drawn from per-variable seeded generators (core/initializers.py): the
-    n-th variable created draws from (seed, n)."""
+    n-th variable created draws from (seed, first_key + n)."""
 
-    def __init__(self, seed: int):
-        self.seed, self.variables = seed, {}
+    def __init__(self, seed: int, first_key: int = 0):
+        self.seed, self.first_key, self.variables = seed, first_key, {}
 
     def matrix(self, name: str, rows: int, cols: int):
-        return self._add(name, glorot_normal(rows, cols, self.seed, len(self.variables)))
+        return self._add(name, glorot_normal(rows, cols, self.seed, self._key()))
 
     def constant(self, name: str, shape, value: float):
         return self._add(name, np.full(shape, value, np.float32))
 
     def normal(self, name: str, shape, std: float):
-        rng = np.random.default_rng([self.seed, len(self.variables)])
+        rng = np.random.default_rng([self.seed, self._key()])
         return self._add(name, (rng.standard_normal(shape) * std).astype(np.float32))
+
+    def _key(self) -> int:
+        return self.first_key + len(self.variables)
 
     def _add(self, name: str, value):
         self.variables[name] = tf.Variable(value, name=name.replace("/", "_"))
