@@ -148,7 +148,7 @@ class SimConfig:
         if self.item_item_interaction not in ITEM_INTERACTIONS:
             raise SimConfigError(f"--item_item_interaction must be one of {ITEM_INTERACTIONS}, "
                                  f"found '{self.item_item_interaction}'")
-        if not 0 < self.long_seq_length < self.history_length:
+        if self.model_type != "hstu" and not 0 < self.long_seq_length < self.history_length:
             raise SimConfigError(f"--long_seq_length must be in [1, {self.history_length - 1}] "
                                  f"(history length {self.history_length} in the feature spec), "
                                  f"found {self.long_seq_length}")

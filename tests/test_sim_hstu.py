@@ -85,8 +85,9 @@ def np_logits(model, inputs):
 
 
 def small_model(heads=1):
+    # no --long_seq_length: the ranker reads the whole history (the default 90 > D is fine)
     config = SimConfig(user_cardinalities=(5,), item_cardinalities=(20, 4), history_length=D,
-                       model_type="hstu", long_seq_length=3, embedding_dim=4,
+                       model_type="hstu", embedding_dim=4,
                        stage_two_mlp_dims=(8,), hstu_blocks=2, hstu_heads=heads, seed=2)
     model = SimModel(config)
     rng = np.random.default_rng(7)
