@@ -1,4 +1,5 @@
-"""SIM, DIEN, DIN and the HSTU ranker on TFRecord data: train (test AUC every epoch) or benchmark inference.
+"""SIM, DIEN, DIN and the HSTU ranker on TFRecord data: train (test AUC every epoch) or
+benchmark inference.
 
   python -m sim.main --dataset_dir DATA --cpu
   horovodrun -np 2 -H localhost:2 python -m sim.main --dataset_dir DATA --cpu [--sharding row_wise]
