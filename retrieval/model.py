@@ -7,13 +7,9 @@ most recent last. Position p's output predicts the item after position p.
 SASRec (Kang & McAuley, 2018): item embedding * sqrt(d) + a learned position, then pre-norm
 blocks of causal multi-head softmax attention and a ReLU feed-forward, each a residual.
 
-HSTU (Zhai et al., 2024; Meta's generative-recommenders), per layer:
-    U, V, Q, K = split(SiLU(LayerNorm(x) W1 + b1))
-    A = SiLU(Q K^T + bias) / L          causal; L the padded length (as Meta's dense code)
-    x = x + (U * LayerNorm(A V)) W2 + b2
-with `bias` a learned scalar per relative position (j - i) and, when the data has timestamps,
-per log-bucket of the time gap between the query's and the key's actions
-(floor(ln(max(|t_i - t_j|, 1)) / 0.301), as Meta's bucketing).
+HSTU (Zhai et al., 2024; Meta's generative-recommenders): item embedding * sqrt(d) + a
+learned position, then the HSTU layers of core/hstu.py (their equations are there), causal,
+with the relative-position bias and, when the data has timestamps, the time-gap bias.
 """
 from __future__ import annotations
 
@@ -22,13 +18,11 @@ from dataclasses import asdict, dataclass
 import numpy as np
 import tensorflow as tf
 
-from core.dropout import keep_hash
+from core import hstu
 from core.dynamic import DynamicTable
-from core.initializers import glorot_normal
+from core.hstu import NamedWeights, dropout, layer_norm, merge_heads, split_heads
 
 MODELS = ("sasrec", "hstu")
-TIME_BUCKETS = 128   # log buckets of time gaps: ln(2^64) / 0.301 < 148, the rest clamp
-LAYER_NORM_EPSILON = 1e-6
 
 
 @dataclass(frozen=True)
@@ -52,56 +46,6 @@ class RetrievalConfig:
                 if k in ("model", "items", "length", "width", "blocks", "heads", "timestamps")}
 
 
-def layer_norm(x, scale=None, offset=None):
-    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
-    x = (x - mean) * tf.math.rsqrt(variance + LAYER_NORM_EPSILON)
-    return x if scale is None else x * scale + offset
-
-
-def dropout(x, rate: float, seed, key: int):
-    """Dropout whose mask is a hash of (seed, key, global row, element) (core/dropout.py): runs
-    repeat and resume exactly, and a rank's rows of a global batch get the masks one process
-    gives them. seed: (int64 [2] run seed and step, the rank's first global row); None: no
-    dropout (evaluation)."""
-    if seed is None or rate <= 0:
-        return x
-    step_seed, first_row = seed
-    flat = tf.reshape(x, [tf.shape(x)[0], -1])
-    threshold = tf.constant(min(round(rate * 2 ** 32), 2 ** 32 - 1), tf.uint32)
-    keep = keep_hash(tf.shape(flat)[0], tf.shape(flat)[1],
-                     step_seed + tf.constant([0, 1 << 20], tf.int64) * key, first_row)
-    kept = tf.where(keep >= threshold, flat / (1 - rate), tf.zeros_like(flat))
-    return tf.reshape(kept, tf.shape(x))
-
-
-def time_buckets(timestamps):
-    """[b, L] int64 -> [b, L, L] bucket of |t_i - t_j| (query i, key j)."""
-    gap = tf.abs(timestamps[:, :, None] - timestamps[:, None, :])
-    gap = tf.cast(tf.maximum(gap, 1), tf.float32)
-    return tf.minimum(tf.cast(tf.math.log(gap) / 0.301, tf.int32), TIME_BUCKETS - 1)
-
-
-class _Weights:
-    """Named variables drawn from per-variable seeded generators (core/initializers.py)."""
-
-    def __init__(self, seed: int):
-        self.seed, self.variables = seed, {}
-
-    def matrix(self, name: str, rows: int, cols: int):
-        return self._add(name, glorot_normal(rows, cols, self.seed, len(self.variables)))
-
-    def constant(self, name: str, shape, value: float):
-        return self._add(name, np.full(shape, value, np.float32))
-
-    def normal(self, name: str, shape, std: float):
-        rng = np.random.default_rng([self.seed, len(self.variables)])
-        return self._add(name, (rng.standard_normal(shape) * std).astype(np.float32))
-
-    def _add(self, name: str, value):
-        self.variables[name] = tf.Variable(value, name=name.replace("/", "_"))
-        return self.variables[name]
-
-
 class Encoder(tf.Module):
     """The item table, the positions and the blocks of one model. `encode` gives every
     position's history vector; `scores` compares history vectors with the whole catalogue."""
@@ -115,7 +59,7 @@ class Encoder(tf.Module):
             raise ValueError(f"--embedding_dim {config.width} is not a multiple of --num_heads "
                              f"{config.heads}")
         self.config, c = config, config
-        w = _Weights(c.seed)
+        w = NamedWeights(c.seed)
         self.items = w.normal("item_embeddings", [c.items + 1, c.width], c.width ** -0.5)
         self.positions = w.normal("positions", [c.length, c.width], c.width ** -0.5)
         self.blocks = []
@@ -131,14 +75,7 @@ class Encoder(tf.Module):
                     block[n] = (w.constant(p + n + "/scale", [c.width], 1.0),
                                 w.constant(p + n + "/offset", [c.width], 0.0))
             else:
-                block = {"uvqk": w.matrix(p + "uvqk", c.width, 4 * c.width),
-                         "uvqk_bias": w.constant(p + "uvqk_bias", [4 * c.width], 0.0),
-                         "o": w.matrix(p + "o", c.width, c.width),
-                         "o_bias": w.constant(p + "o_bias", [c.width], 0.0),
-                         "position_bias": w.constant(p + "position_bias", [2 * c.length - 1],
-                                                     0.0)}
-                if c.timestamps:
-                    block["time_bias"] = w.constant(p + "time_bias", [TIME_BUCKETS], 0.0)
+                block = hstu.block_weights(w, p, c.width, c.length, c.timestamps)
             self.blocks.append(block)
         self.final_norm = (w.constant("final_norm/scale", [c.width], 1.0),
                            w.constant("final_norm/offset", [c.width], 0.0))
@@ -188,8 +125,9 @@ class Encoder(tf.Module):
         length = tf.shape(ids)[1]
         causal = tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0)
         visible = causal[None] & ((ids > 0)[:, None, :] | tf.eye(length, dtype=tf.bool)[None])
-        bias_index = tf.range(length)[None, :] - tf.range(length)[:, None] + c.length - 1
-        buckets = time_buckets(timestamps) if c.timestamps else None
+        positions = tf.range(length)
+        bias_index = hstu.relative_positions(positions, positions, c.length)
+        buckets = hstu.time_buckets(timestamps) if c.timestamps else None
         for b, block in enumerate(self.blocks):
             key = 10 * (b + 1)
             if c.model == "sasrec":
@@ -200,25 +138,16 @@ class Encoder(tf.Module):
             x *= valid
         return layer_norm(x, *self.final_norm)
 
-    def _heads(self, x):
-        """[b, L, h*e] -> [b, h, L, e]"""
-        b, length = tf.shape(x)[0], tf.shape(x)[1]
-        return tf.transpose(tf.reshape(x, [b, length, self.config.heads, -1]), [0, 2, 1, 3])
-
-    def _merged(self, x):
-        """[b, h, L, e] -> [b, L, h*e]"""
-        b, length = tf.shape(x)[0], tf.shape(x)[2]
-        return tf.reshape(tf.transpose(x, [0, 2, 1, 3]), [b, length, self.config.width])
-
     def _sasrec_block(self, block, x, visible, seed, key, dtype):
         c = self.config
         h = tf.cast(layer_norm(x, *block["norm_1"]), dtype)
-        q, k, v = (self._heads(h @ tf.cast(block[n], dtype)) for n in ("q", "k", "v"))
+        q, k, v = (split_heads(h @ tf.cast(block[n], dtype), c.heads) for n in ("q", "k", "v"))
         logits = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32) * \
             (c.width // c.heads) ** -0.5
         logits = tf.where(visible[:, None], logits, -1e9)
         weights = dropout(tf.nn.softmax(logits), c.attention_dropout, seed, key)
-        attended = self._merged(tf.matmul(tf.cast(weights, dtype), v)) @ tf.cast(block["o"], dtype)
+        attended = merge_heads(tf.matmul(tf.cast(weights, dtype), v), c.width) @ \
+            tf.cast(block["o"], dtype)
         x = x + dropout(tf.cast(attended, tf.float32), c.dropout, seed, key + 1)
         h = tf.cast(layer_norm(x, *block["norm_2"]), dtype)
         h = tf.nn.relu(h @ tf.cast(block["ffn_in"], dtype) + tf.cast(block["ffn_in_bias"], dtype))
@@ -229,22 +158,10 @@ class Encoder(tf.Module):
 
     def _hstu_block(self, block, x, visible, bias_index, buckets, seed, key, dtype):
         c = self.config
-        h = tf.cast(layer_norm(x), dtype)
-        uvqk = tf.nn.silu(h @ tf.cast(block["uvqk"], dtype) + tf.cast(block["uvqk_bias"], dtype))
-        u, v, q, k = tf.split(uvqk, 4, axis=-1)
-        bias = tf.gather(block["position_bias"], bias_index)[None, None]
-        if buckets is not None:
-            bias += tf.gather(block["time_bias"], buckets)[:, None]
-        scores = tf.cast(tf.matmul(self._heads(q), self._heads(k), transpose_b=True), tf.float32)
-        weights = tf.nn.silu(scores + bias) / tf.cast(c.length, tf.float32)
-        weights = tf.where(visible[:, None], weights, 0.0)
-        weights = dropout(weights, c.attention_dropout, seed, key)
-        attended = tf.cast(self._merged(tf.matmul(tf.cast(weights, dtype), self._heads(v))),
-                           tf.float32)
-        gated = tf.cast(u, tf.float32) * layer_norm(attended)
-        gated = dropout(gated, c.dropout, seed, key + 1)
-        out = tf.cast(gated, dtype) @ tf.cast(block["o"], dtype) + tf.cast(block["o_bias"], dtype)
-        return x + tf.cast(out, tf.float32)
+        return hstu.layer(block, x, visible, hstu.attention_bias(block, bias_index, buckets),
+                          c.heads, c.length, dtype,
+                          lambda w: dropout(w, c.attention_dropout, seed, key),
+                          lambda g: dropout(g, c.dropout, seed, key + 1))
 
     # ---- scoring ---------------------------------------------------------------------------
     def catalogue(self):

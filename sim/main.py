@@ -1,4 +1,5 @@
-"""SIM, DIEN and DIN on TFRecord data: train (test AUC every epoch) or benchmark inference.
+"""SIM, DIEN, DIN and the HSTU ranker on TFRecord data: train (test AUC every epoch) or
+benchmark inference.
 
   python -m sim.main --dataset_dir DATA --cpu
   horovodrun -np 2 -H localhost:2 python -m sim.main --dataset_dir DATA --cpu [--sharding row_wise]
@@ -40,8 +41,9 @@ from training.selection import best_state_path
 F = flags.FLAGS
 flags.DEFINE_enum("mode", "train", ["train", "inference"], "train, or benchmark inference "
                   "(of --load_checkpoint_path when given, else of a random model)")
-flags.DEFINE_enum("model_type", "sim", ["sim", "dien", "din"], "sim: long + short history; "
-                  "dien: the short history; din: the whole history")
+flags.DEFINE_enum("model_type", "sim", ["sim", "dien", "din", "hstu"], "sim: long + short "
+                  "history; dien: the short history; din: the whole history; hstu: the "
+                  "target-aware HSTU ranker over the whole history")
 flags.DEFINE_string("dataset_dir", None, "Directory of the TFRecord dataset")
 flags.DEFINE_string("feature_spec", "feature_spec.yaml", "Spec, relative to --dataset_dir")
 flags.DEFINE_integer("global_batch_size", 131072, "Batch size over all processes", lower_bound=1)
@@ -104,6 +106,9 @@ flags.DEFINE_list("stage_one_mlp_dims", ["200"], "GSU head widths (and the GSU s
                   "--item_item_interaction activation_unit)")
 flags.DEFINE_list("stage_two_mlp_dims", ["200", "80"], "Final MLP widths (then 1 logit)")
 flags.DEFINE_list("aux_mlp_dims", ["100", "50"], "DIEN auxiliary network widths")
+flags.DEFINE_integer("num_blocks", 2, "HSTU ranker layers (--model_type hstu)", lower_bound=1)
+flags.DEFINE_integer("num_heads", 1, "HSTU ranker attention heads (--model_type hstu; they "
+                     "split the item width: --embedding_dim x item features)", lower_bound=1)
 flags.DEFINE_integer("gsu_top_k", 50, "Long behaviours the GSU selects for the ESU (the "
                      "reference's hard-coded k)", lower_bound=1)
 flags.DEFINE_string("results_dir", "results", "Directory of the log and curves")
@@ -156,7 +161,8 @@ def build(spec, comm, logger):
                        aux_mlp_dims=_ints(F.aux_mlp_dims), gsu_top_k=F.gsu_top_k,
                        dropout_rate=F.dropout_rate, seed=F.seed,
                        item_item_interaction=F.item_item_interaction,
-                       architecture=F.architecture)
+                       architecture=F.architecture, hstu_blocks=F.num_blocks,
+                       hstu_heads=F.num_heads)
     optimizer = "adam" if F.optimizer == "lazy_adam" else F.optimizer
     names, rows = zip(*config.table_rows())
     widths = [config.embedding_dim] * len(rows)

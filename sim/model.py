@@ -7,6 +7,9 @@ part, as in the reference. Each model reads what the reference's does:
 
   DIN:  attention of the target over the whole history (long + short, masked).
   DIEN: GRU + AUGRU over the short part (auxiliary loss from the negative history).
+  HSTU: the target-aware HSTU ranker over the whole history (sim/hstu.py): the target is a
+        candidate token after the history; its output and the user go to the classifier.
+        Several candidates per history are scored in one pass (score_candidates).
   SIM:  DIEN over the short part, plus a search over the long part:
         GSU (soft search): every long behaviour is scored against the target; the masked
         softmax of the scores pools the long part into a vector with its own logit and loss
@@ -52,8 +55,9 @@ from core.dynamic import DynamicTable
 from core.layers import MLP, copy_rare_row, table_variable
 from core.parallel.rows import hash_owner, range_lookup, routed_lookup
 from sim import blocks
+from sim.hstu import HstuRanker
 
-MODEL_TYPES = ("sim", "dien", "din")
+MODEL_TYPES = ("sim", "dien", "din", "hstu")
 ITEM_INTERACTIONS = ("dot", "activation_unit")
 ARCHITECTURES = ("reference", "compact")
 STATE_WIDTH_PER_EMBEDDING = 6  # NVIDIA's GRU/AUGRU width: 6 x embedding_dim
@@ -85,6 +89,8 @@ class SimConfig:
     seed: int = 0
     item_item_interaction: str = "dot"
     architecture: str = "reference"
+    hstu_blocks: int = 2  # the HSTU ranker's layers and heads
+    hstu_heads: int = 1
     # per user feature, then per item feature: a DynamicSpec (open vocabulary) or None
     dynamic: tuple = ()
 
@@ -122,9 +128,13 @@ class SimConfig:
 
     def checkpoint_shape(self) -> dict:
         """The fields that decide the variables, architecture included (a checkpoint records
-        them); DIEN's attention does not depend on item_item_interaction."""
-        ignored = ("seed", "dropout_rate") + (("item_item_interaction",)
-                                              if self.model_type == "dien" else ())
+        them); DIEN's attention does not depend on item_item_interaction; the HSTU ranker's
+        fields are the HSTU ranker's alone."""
+        ignored = ("seed", "dropout_rate") + (
+            ("long_seq_length", "stage_one_mlp_dims", "aux_mlp_dims", "attention_mlp_dims",
+             "gsu_top_k", "item_item_interaction") if self.model_type == "hstu" else
+            ("hstu_blocks", "hstu_heads")) + (
+            ("item_item_interaction",) if self.model_type == "dien" else ())
         return {k: (list(v) if isinstance(v, tuple) else v)
                 for k, v in dataclasses.asdict(self).items() if k not in ignored}
 
@@ -138,7 +148,7 @@ class SimConfig:
         if self.item_item_interaction not in ITEM_INTERACTIONS:
             raise SimConfigError(f"--item_item_interaction must be one of {ITEM_INTERACTIONS}, "
                                  f"found '{self.item_item_interaction}'")
-        if not 0 < self.long_seq_length < self.history_length:
+        if self.model_type != "hstu" and not 0 < self.long_seq_length < self.history_length:
             raise SimConfigError(f"--long_seq_length must be in [1, {self.history_length - 1}] "
                                  f"(history length {self.history_length} in the feature spec), "
                                  f"found {self.long_seq_length}")
@@ -149,6 +159,11 @@ class SimConfig:
         if any(w < 1 for w in widths):
             raise SimConfigError(f"MLP widths and --embedding_dim must be positive, found "
                                  f"{list(widths)}")
+        if self.hstu_blocks < 1 or self.hstu_heads < 1 or self.item_width % self.hstu_heads:
+            raise SimConfigError(f"--num_blocks and --num_heads must be positive and the item "
+                                 f"width ({self.item_width}: --embedding_dim x item features) "
+                                 f"a multiple of --num_heads, found {self.hstu_blocks}, "
+                                 f"{self.hstu_heads}")
         if not 0 <= self.dropout_rate < 1 and self.dropout_rate != -1:
             raise SimConfigError(f"--dropout_rate must be in [0, 1) or -1 (off), found "
                                  f"{self.dropout_rate}")
@@ -199,7 +214,11 @@ class SimModel(tf.Module):
                 # name kept for checkpoints: DIN's scorer over the whole history
                 self._add("short_attention", "short_attention",
                           self._activation_unit(1000, "short_attention"))
-            if c.model_type != "din":
+            if c.model_type == "hstu":
+                self._add("hstu", "hstu", HstuRanker(c.item_width, c.history_length,
+                                                     c.hstu_blocks, c.hstu_heads, c.seed,
+                                                     1800, "hstu"))
+            if c.model_type not in ("din", "hstu"):
                 self._build_dien()
             if c.model_type == "sim" and not c.dot:
                 self._add("gsu_scorer", "gsu_scorer", blocks.AttentionUnit(
@@ -257,6 +276,8 @@ class SimModel(tf.Module):
 
     def _stage_two_width(self) -> int:
         c = self.config
+        if c.model_type == "hstu":  # [candidate output, user]
+            return c.item_width + c.user_width
         interest = c.item_width if c.model_type == "din" else c.state_width
         search = (1 + c.dot) * c.item_width if c.model_type == "sim" else 0
         if c.reference:  # [ESU pool, selection mean (dot)] + [target, interest, user]
@@ -416,7 +437,7 @@ class SimModel(tf.Module):
             inputs = self._dynamic_rows(inputs, training)
         out = {"user": self._embed(self.user_tables, [[ids] for ids in inputs["user"]],
                                    training)[0]}
-        if c.model_type == "din":
+        if c.model_type in ("din", "hstu"):
             out["target"], out["history"] = self._items(
                 [[t, p] for t, p in zip(inputs["target"], inputs["positive"])], training)
             out["history_mask"] = mask
@@ -448,6 +469,8 @@ class SimModel(tf.Module):
                 if part in e:
                     e[part] = e[part] * e["short_mask"][:, :, None]
         user, target = e["user"], e["target"]
+        if c.model_type == "hstu":
+            return self._hstu_logits(e, compute_dtype, dropout_seed), None, None
         search, gsu_logit, aux = [], None, None
         if c.model_type == "din":
             unit = blocks.dot_product if c.dot else self.short_attention
@@ -462,16 +485,45 @@ class SimModel(tf.Module):
             search = [esu] + ([selection_mean] if c.dot else [])
         if c.reference:
             x = tf.concat(search + [target, interest, user], -1)
-            logit = self.top_mlp(x, compute_dtype, self._dropout(dropout_seed, 0))
         else:
             pooled = [interest] + search[:1]
             x = tf.concat([user, target] + pooled + [target * p for p in pooled] + search[1:],
                           -1)
-            dropout = self._dropout(dropout_seed, 0)
+        return self._top_logit(x, compute_dtype, dropout_seed), gsu_logit, aux
+
+    def _top_logit(self, x, compute_dtype, dropout_seed):
+        """The stage-two classifier: x [N, width] -> logit [N] float32."""
+        dropout = self._dropout(dropout_seed, 0)
+        if self.config.reference:
+            logit = self.top_mlp(x, compute_dtype, dropout)
+        else:
             if dropout is not None:  # compact: on the stage-two input
                 x = tf.nn.experimental.stateless_dropout(x, *dropout)
             logit = self.top_mlp(x, compute_dtype)
-        return tf.cast(tf.squeeze(logit, -1), tf.float32), gsu_logit, aux
+        return tf.cast(tf.squeeze(logit, -1), tf.float32)
+
+    def _hstu_logits(self, e, compute_dtype, dropout_seed):
+        """The HSTU ranker's logits: [B] of a target [B, w]; [B, C] of candidates
+        [B, C, w]."""
+        target = e["target"]
+        candidates = target[:, None] if target.shape.rank == 2 else target
+        y = tf.cast(self.hstu(e["history"], e["history_mask"], candidates, compute_dtype),
+                    compute_dtype)
+        user = tf.broadcast_to(e["user"][:, None],
+                               tf.concat([tf.shape(y)[:2], [self.config.user_width]], 0))
+        x = tf.reshape(tf.concat([y, user], -1), [-1, self._stage_two_width()])
+        logit = tf.reshape(self._top_logit(x, compute_dtype, dropout_seed),
+                           tf.shape(candidates)[:2])
+        return logit if target.shape.rank == 3 else logit[:, 0]
+
+    def score_candidates(self, inputs: dict, compute_dtype=tf.float32):
+        """HSTU: inputs as lookup()'s with each item feature's 'target' ids [B, C], C
+        candidates per history -> logits [B, C] in one pass (a candidate's logit is the one
+        it gets scored alone)."""
+        if self.config.model_type != "hstu":
+            raise SimConfigError("scoring several candidates per history in one pass is "
+                                 "--model_type hstu's")
+        return self.forward(self.lookup(inputs, training=False), compute_dtype)[0]
 
     def _dropout(self, seed, block: int):
         """(rate, stateless seed) of one MLP's dropout at this step, or None (off)."""

@@ -78,7 +78,7 @@ class SimTask:
     def loss_name(self) -> str:
         """The terms loss() adds (DIEN and SIM: the auxiliary loss of the behaviour GRU)."""
         c = self.model.config
-        if c.model_type == "din":
+        if c.model_type in ("din", "hstu"):
             return "binary cross-entropy"
         if c.model_type == "dien":
             return "total loss: BCE + auxiliary loss"

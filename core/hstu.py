@@ -1,0 +1,185 @@
+"""The HSTU layer (Zhai et al., 2024; Meta's generative-recommenders), read by retrieval's
+encoder and by the SIM family's ranker. Per layer, over tokens x [b, T, d]:
+
+    U, V, Q, K = split(SiLU(LayerNorm(x) W1 + b1))
+    A = SiLU(Q K^T + bias) / n          masked by `visible` (the caller's: causal, ...)
+    x = x + (U * LayerNorm(A V)) W2 + b2
+
+with n a constant (the padded length, as Meta's dense code) and `bias` a learned scalar per
+relative position (j - i) plus, where the data has timestamps, one per log-bucket of the time
+gap between the query's and the key's actions (floor(ln(max(|t_i - t_j|, 1)) / 0.301), as
+Meta's bucketing).
+
+Target-aware ranking (M-FALCON, the paper's section 3.4): `layer_with_targets` runs one layer
+over a history and C target tokens, each target attending to the history keys its mask
+allows and to itself, never to another target: C targets cost O(L^2 + C L), and a target's
+output is the one it has when scored alone.
+"""
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from core.dropout import keep_hash
+from core.initializers import glorot_normal
+
+TIME_BUCKETS = 128   # log buckets of time gaps: ln(2^64) / 0.301 < 148, the rest clamp
+LAYER_NORM_EPSILON = 1e-6
+
+
+class NamedWeights:
+    """Named variables drawn from per-variable seeded generators (core/initializers.py): the
+    n-th variable created draws from (seed, first_key + n)."""
+
+    def __init__(self, seed: int, first_key: int = 0):
+        self.seed, self.first_key, self.variables = seed, first_key, {}
+
+    def matrix(self, name: str, rows: int, cols: int):
+        return self._add(name, glorot_normal(rows, cols, self.seed, self._key()))
+
+    def constant(self, name: str, shape, value: float):
+        return self._add(name, np.full(shape, value, np.float32))
+
+    def normal(self, name: str, shape, std: float):
+        rng = np.random.default_rng([self.seed, self._key()])
+        return self._add(name, (rng.standard_normal(shape) * std).astype(np.float32))
+
+    def _key(self) -> int:
+        return self.first_key + len(self.variables)
+
+    def _add(self, name: str, value):
+        self.variables[name] = tf.Variable(value, name=name.replace("/", "_"))
+        return self.variables[name]
+
+
+def block_weights(weights: NamedWeights, prefix: str, width: int, positions: int,
+                  timestamps: bool = False) -> dict:
+    """One layer's variables, named prefix + uvqk, uvqk_bias, o, o_bias, position_bias (one
+    per relative position of `positions` positions: 2 * positions - 1) and time_bias."""
+    block = {"uvqk": weights.matrix(prefix + "uvqk", width, 4 * width),
+             "uvqk_bias": weights.constant(prefix + "uvqk_bias", [4 * width], 0.0),
+             "o": weights.matrix(prefix + "o", width, width),
+             "o_bias": weights.constant(prefix + "o_bias", [width], 0.0),
+             "position_bias": weights.constant(prefix + "position_bias", [2 * positions - 1],
+                                               0.0)}
+    if timestamps:
+        block["time_bias"] = weights.constant(prefix + "time_bias", [TIME_BUCKETS], 0.0)
+    return block
+
+
+def layer_norm(x, scale=None, offset=None):
+    mean, variance = tf.nn.moments(x, axes=[-1], keepdims=True)
+    x = (x - mean) * tf.math.rsqrt(variance + LAYER_NORM_EPSILON)
+    return x if scale is None else x * scale + offset
+
+
+def dropout(x, rate: float, seed, key: int):
+    """Dropout whose mask is a hash of (seed, key, global row, element) (core/dropout.py): runs
+    repeat and resume exactly, and a rank's rows of a global batch get the masks one process
+    gives them. seed: (int64 [2] run seed and step, the rank's first global row); None: no
+    dropout (evaluation)."""
+    if seed is None or rate <= 0:
+        return x
+    step_seed, first_row = seed
+    flat = tf.reshape(x, [tf.shape(x)[0], -1])
+    threshold = tf.constant(min(round(rate * 2 ** 32), 2 ** 32 - 1), tf.uint32)
+    keep = keep_hash(tf.shape(flat)[0], tf.shape(flat)[1],
+                     step_seed + tf.constant([0, 1 << 20], tf.int64) * key, first_row)
+    kept = tf.where(keep >= threshold, flat / (1 - rate), tf.zeros_like(flat))
+    return tf.reshape(kept, tf.shape(x))
+
+
+def time_buckets(timestamps):
+    """[b, L] int64 -> [b, L, L] bucket of |t_i - t_j| (query i, key j)."""
+    gap = tf.abs(timestamps[:, :, None] - timestamps[:, None, :])
+    gap = tf.cast(tf.maximum(gap, 1), tf.float32)
+    return tf.minimum(tf.cast(tf.math.log(gap) / 0.301, tf.int32), TIME_BUCKETS - 1)
+
+
+def relative_positions(query_positions, key_positions, positions: int):
+    """[Tq], [Tk] int32 positions -> [Tq, Tk] index of (key - query) in a position_bias of
+    `positions` positions."""
+    return key_positions[None, :] - query_positions[:, None] + positions - 1
+
+
+def attention_bias(block, bias_index, buckets=None):
+    """-> [1 or b, 1, Tq, Tk] float32: the position bias at bias_index [Tq, Tk], plus the
+    time bias at buckets [b, Tq, Tk] when given."""
+    bias = tf.gather(block["position_bias"], bias_index)[None, None]
+    if buckets is not None:
+        bias += tf.gather(block["time_bias"], buckets)[:, None]
+    return bias
+
+
+def split_heads(x, heads: int):
+    """[b, T, h*e] -> [b, h, T, e]"""
+    b, length = tf.shape(x)[0], tf.shape(x)[1]
+    return tf.transpose(tf.reshape(x, [b, length, heads, -1]), [0, 2, 1, 3])
+
+
+def merge_heads(x, width: int):
+    """[b, h, T, e] -> [b, T, width = h*e]"""
+    b, length = tf.shape(x)[0], tf.shape(x)[2]
+    return tf.reshape(tf.transpose(x, [0, 2, 1, 3]), [b, length, width])
+
+
+def _projections(variables, x, dtype):
+    """x [b, T, d] -> U, V, Q, K [b, T, d] in dtype."""
+    h = tf.cast(layer_norm(x), dtype)
+    uvqk = tf.nn.silu(h @ tf.cast(variables["uvqk"], dtype)
+                      + tf.cast(variables["uvqk_bias"], dtype))
+    return tf.split(uvqk, 4, axis=-1)
+
+
+def _weights(scores, bias, normalizer, visible=None):
+    """SiLU(scores + bias) / n, 0 where not visible (float32)."""
+    weights = tf.nn.silu(tf.cast(scores, tf.float32) + bias) / tf.cast(normalizer, tf.float32)
+    return weights if visible is None else tf.where(visible, weights, 0.0)
+
+
+def _output(variables, x, u, attended, dtype, drop=None):
+    """The residual update of x from U and the attended values A V (float32)."""
+    gated = tf.cast(u, tf.float32) * layer_norm(attended)
+    if drop is not None:
+        gated = drop(gated)
+    out = tf.cast(gated, dtype) @ tf.cast(variables["o"], dtype) + \
+        tf.cast(variables["o_bias"], dtype)
+    return x + tf.cast(out, tf.float32)
+
+
+def layer(variables, x, visible, bias, heads: int, normalizer, dtype=tf.float32,
+          attention_drop=None, drop=None):
+    """One HSTU layer (variables: block_weights()'s) over x [b, T, d] float32 -> [b, T, d].
+    visible: bool [b, T, T] (query i may read key j); bias: attention_bias()'s;
+    normalizer: n; attention_drop / drop: functions applied to the attention weights
+    [b, h, T, T] and to U * LayerNorm(A V) [b, T, d] (dropout while training; None: none)."""
+    width = x.shape[-1]
+    u, v, q, k = _projections(variables, x, dtype)
+    scores = tf.matmul(split_heads(q, heads), split_heads(k, heads), transpose_b=True)
+    weights = _weights(scores, bias, normalizer, visible[:, None])
+    if attention_drop is not None:
+        weights = attention_drop(weights)
+    attended = merge_heads(tf.matmul(tf.cast(weights, dtype), split_heads(v, heads)), width)
+    return _output(variables, x, u, tf.cast(attended, tf.float32), dtype, drop)
+
+
+def layer_with_targets(variables, x, targets, visible, bias, target_visible, target_bias,
+                       self_bias, heads: int, normalizer, dtype=tf.float32):
+    """One HSTU layer over a history x [b, L, d] and targets [b, C, d] (float32) -> (x,
+    targets). The history attends to itself as layer() does (visible [b, L, L], bias);
+    target c attends to the history keys target_visible [b, C, L] allows (target_bias
+    [1 or b, 1, C, L]) and to itself (self_bias: a scalar), to no other target."""
+    width = x.shape[-1]
+    u, v, q, k = _projections(variables, x, dtype)
+    v, q, k = (split_heads(t, heads) for t in (v, q, k))
+    target_u, tv, tq, tk = _projections(variables, targets, dtype)
+    tv, tq, tk = (split_heads(t, heads) for t in (tv, tq, tk))
+    weights = _weights(tf.matmul(q, k, transpose_b=True), bias, normalizer, visible[:, None])
+    to_history = _weights(tf.matmul(tq, k, transpose_b=True), target_bias, normalizer,
+                          target_visible[:, None])                         # [b, h, C, L]
+    to_self = _weights(tf.reduce_sum(tq * tk, -1), self_bias, normalizer)  # [b, h, C]
+    attended = merge_heads(tf.matmul(tf.cast(weights, dtype), v), width)
+    target_attended = merge_heads(tf.matmul(tf.cast(to_history, dtype), v)
+                                  + tf.cast(to_self, dtype)[..., None] * tv, width)
+    return (_output(variables, x, u, tf.cast(attended, tf.float32), dtype),
+            _output(variables, targets, target_u, tf.cast(target_attended, tf.float32), dtype))
