@@ -75,7 +75,7 @@ def table(paths: list, protocol: Protocol) -> str:
         mean, n = mean_figures(path, protocol)
         lines.append(f"| **{os.path.basename(os.path.normpath(path))} (this toolkit)** | "
                      f"{path}, test at the epoch chosen on validation"
-                     f"{f', mean of {n} seeds' if n > 1 else ''} | "
+                     f"{f', mean of {n} seeds' if n > 1 else ', 1 seed'} | "
                      + " | ".join(f"**{mean[k]:.4f}**" for k in protocol.columns) + " |")
     return "\n".join(lines)
 
