@@ -44,7 +44,7 @@ from retrieval import export
 from retrieval.batches import RowBatches
 from retrieval.contract import RETRIEVAL_CONTRACT
 from retrieval.data import catalogue, read_sequences
-from retrieval.metrics import METRIC_KEYS
+from retrieval.metrics import results_record
 from retrieval.model import MODELS, Encoder, RetrievalConfig
 from retrieval.trainer import ITEM_IDS, LOSSES, TIMESTAMPS, NEGATIVES, RetrievalTrainer
 from training import checkpoint, loop, outputs
@@ -168,12 +168,7 @@ def selection_metric() -> str:
 
 def save_results(path: str, final: dict) -> None:
     """Both protocols' figures at the kept epoch: every item ranked, and the seen ones removed."""
-    results = {split: {k: final[f"{prefix}{k}"] for k in METRIC_KEYS}
-               for split, prefix in (("valid", ""), ("test", "test_"),
-                                     ("valid_filtered", "filtered_"),
-                                     ("test_filtered", "test_filtered_"))}
-    results.update(best_epoch=int(final["best_epoch"]),
-                   selected_on=final.get("selected_on", selection_metric()))
+    results = results_record(final, selection_metric())
     try:
         atomic_write_text(path, json.dumps(results, indent=2) + "\n")
     except OSError as e:

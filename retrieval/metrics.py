@@ -8,6 +8,7 @@ import numpy as np
 import tensorflow as tf
 
 from core.fused_ops import cpu_library
+from training.loop import gather_to_root
 
 CUTOFFS = (1, 5, 10, 20, 50)
 # the keys of results.json's "valid" and "test" (NDCG@1 equals HR@1)
@@ -62,3 +63,33 @@ def ranking_metrics(ranks) -> dict:
             out[f"ndcg@{k}"] = float(np.where(hit, 1.0 / np.log2(ranks + 2), 0.0).mean())
     out["mrr"] = float((1.0 / (ranks + 1)).mean())
     return {k: out[k] for k in METRIC_KEYS}
+
+
+def both_protocols(comm, ranks: np.ndarray) -> dict:
+    """ranks int [n, 2] of this rank's users (among every item, among the unseen ones) ->
+    METRIC_KEYS and filtered_<key> over every rank's users, and eval_samples (rank 0 gathers
+    the ranks and broadcasts the figures)."""
+    plain, filtered = (gather_to_root(comm, ranks[:, i].copy()) for i in (0, 1))
+    keys = list(METRIC_KEYS) + [f"filtered_{k}" for k in METRIC_KEYS]
+    figures = np.zeros(len(keys) + 1)
+    if comm.rank == 0:
+        figures[:-1] = [m[k] for m in map(ranking_metrics, (plain, filtered))
+                        for k in METRIC_KEYS]
+        figures[-1] = plain.size
+    figures = comm.broadcast_from_root(figures)
+    return dict(zip(keys, map(float, figures[:-1])), eval_samples=int(figures[-1]))
+
+
+# results.json's figure sets and the prefixes of their keys in a training run's final record
+RESULT_SETS = (("valid", ""), ("test", "test_"), ("valid_filtered", "filtered_"),
+               ("test_filtered", "test_filtered_"))
+
+
+def results_record(final: dict, selected_on: str) -> dict:
+    """results.json of a run: both protocols' validation and test figures at the kept epoch
+    (final: the training loop's record, or the same keys), best_epoch, selected_on."""
+    results = {name: {k: final[f"{prefix}{k}"] for k in METRIC_KEYS}
+               for name, prefix in RESULT_SETS}
+    results.update(best_epoch=int(final["best_epoch"]),
+                   selected_on=final.get("selected_on", selected_on))
+    return results

@@ -17,11 +17,10 @@ import tensorflow as tf
 
 from core.fused_ops import softmax_cross_entropy_rows
 from core.optimizers import make_optimizer
-from retrieval.metrics import METRIC_KEYS, full_ranks, ranking_metrics
+from retrieval.metrics import both_protocols, full_ranks
 from training import OptimizerGroup, Trainer, compute_dtype_for
 from training.checkpoint import with_slots
 from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
-from training.loop import gather_to_root
 
 ITEM_IDS, TIMESTAMPS = "item_ids", "timestamps"
 
@@ -220,15 +219,7 @@ class RetrievalTrainer(Trainer):
         broadcasts the figures."""
         ranks = [self._ranks(rows).numpy() for rows in by_length(batches)]
         ranks = np.concatenate(ranks) if ranks else np.zeros((0, 2), np.int32)
-        plain, filtered = (gather_to_root(self.comm, ranks[:, i].copy()) for i in (0, 1))
-        keys = list(METRIC_KEYS) + [f"filtered_{k}" for k in METRIC_KEYS]
-        figures = np.zeros(len(keys) + 1)
-        if self.comm.rank == 0:
-            figures[:-1] = [m[k] for m in map(ranking_metrics, (plain, filtered))
-                            for k in METRIC_KEYS]
-            figures[-1] = plain.size
-        figures = self.comm.broadcast_from_root(figures)
-        return dict(zip(keys, map(float, figures[:-1])), eval_samples=int(figures[-1]))
+        return both_protocols(self.comm, ranks)
 
     def named_state(self) -> dict:
         """The model's variables and the optimizer's slots, by checkpoint name."""

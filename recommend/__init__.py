@@ -1,0 +1,1 @@
+"""Two-stage recommendation: retrieval's candidates reranked (a layer above the families)."""

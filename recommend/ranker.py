@@ -1,0 +1,92 @@
+"""The ranking stage: scores a history's K retrieved candidates, all in one pass.
+
+    e(i)         the ranker's item table, started from the retrieval model's (same width)
+    hstu:  y_c = the SIM family's HSTU ranker (sim/hstu.py: M-FALCON, the history then the K
+                 candidate tokens, none reading another) -> x_c = [y_c, e(c)]
+    din:   p_c = DIN's attention pool of the history by candidate c (sim/blocks.py's
+                 activation unit) -> x_c = [e(c), p_c, e(c) * p_c]
+    logit_c = MLP(dropout(x_c)) + a * s_c
+
+with s_c the retrieval model's score of c and a learned a (started at 1). The MLP's last layer
+starts at zero, so an untrained ranker orders the candidates as retrieval does and training
+learns what to change.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+import tensorflow as tf
+
+from core.hstu import dropout
+from core.layers import MLP
+from sim.blocks import AttentionUnit, apply_mlp, attention_pool
+from sim.hstu import HstuRanker
+
+RANKERS = ("hstu", "din")
+HEAD_WIDTH = 64
+DIN_ATTENTION_WIDTHS = (80, 40)  # DIN's activation unit (the paper's and NVIDIA's)
+
+
+@dataclass(frozen=True)
+class RankerConfig:
+    ranker: str = "hstu"
+    items: int = 1        # rows 1..items, row 0 the padding
+    length: int = 50      # history positions read (the retrieval model's)
+    width: int = 64       # the item table's (the retrieval model's)
+    blocks: int = 2       # hstu
+    heads: int = 1        # hstu
+    dropout: float = 0.2  # on the head's input
+    seed: int = 1
+
+    def checkpoint_shape(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k not in ("dropout", "seed")}
+
+
+class Ranker(tf.Module):
+    def __init__(self, config: RankerConfig, item_table: np.ndarray):
+        """item_table: [items + 1, width] float32, the table the ranker's starts from."""
+        super().__init__(name="ranker")
+        if config.ranker not in RANKERS:
+            raise ValueError(f"--ranker must be one of {list(RANKERS)}, found {config.ranker!r}")
+        self.config, c = config, config
+        self.items = tf.Variable(np.asarray(item_table, np.float32), name="item_embeddings")
+        self.retrieval_weight = tf.Variable(1.0, name="retrieval_weight")
+        if c.ranker == "hstu":
+            self.encoder = HstuRanker(c.width, c.length, c.blocks, c.heads, c.seed, 100, "hstu")
+            parts, head_input = self.encoder.named_variables("hstu"), 2 * c.width
+        else:
+            self.encoder = AttentionUnit(c.width, DIN_ATTENTION_WIDTHS, c.seed, 100, "din")
+            parts, head_input = self.encoder.named_variables("din"), 3 * c.width
+        self.head = MLP(head_input, (HEAD_WIDTH, 1), False, c.seed, 200, "head")
+        for variable in self.head.layers[-1]:
+            variable.assign(tf.zeros_like(variable))
+        self.named = {"item_embeddings": self.items, "retrieval_weight": self.retrieval_weight,
+                      **parts, **self.head.named_variables("head")}
+
+    def __call__(self, history, candidates, retrieval_scores, seed=None,
+                 compute_dtype=tf.float32):
+        """history int64 [B, length] rows, candidates int64 [B, K] rows, retrieval_scores
+        float32 [B, K] -> logits float32 [B, K]. seed: core.hstu.dropout's (training)."""
+        mask = tf.cast(history > 0, tf.float32)
+        keys = tf.nn.embedding_lookup(self.items, history)
+        targets = tf.nn.embedding_lookup(self.items, candidates)
+        if self.config.ranker == "hstu":
+            x = tf.concat([self.encoder(keys, mask, targets, compute_dtype), targets], -1)
+        else:
+            x = self._din(keys, mask, targets, compute_dtype)
+        x = dropout(x, self.config.dropout, seed, 1)
+        logits = tf.cast(tf.squeeze(apply_mlp(self.head, tf.cast(x, compute_dtype),
+                                              compute_dtype), -1), tf.float32)
+        return logits + self.retrieval_weight * retrieval_scores
+
+    def _din(self, keys, mask, targets, compute_dtype):
+        """[e(c), p_c, e(c) * p_c] of every candidate: the history repeated per candidate."""
+        b, k, w = tf.shape(targets)[0], tf.shape(targets)[1], self.config.width
+        query = tf.reshape(targets, [-1, w])
+        pooled, _ = attention_pool(self.encoder, tf.cast(query, compute_dtype),
+                                   tf.cast(tf.repeat(keys, k, axis=0), compute_dtype),
+                                   tf.cast(tf.repeat(mask, k, axis=0), compute_dtype),
+                                   compute_dtype)
+        pooled = tf.reshape(tf.cast(pooled, tf.float32), [b, k, w])
+        return tf.concat([targets, pooled, targets * pooled], -1)

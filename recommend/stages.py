@@ -1,0 +1,146 @@
+"""The retrieval stage as the ranker sees it: a retrieval run's kept model, its top-K candidates
+for a history, and the final list over the whole catalogue.
+
+A history's final list is the retrieval model's top-K reordered by the ranker, then every other
+item in the retrieval model's order: a target outside the K candidates keeps its retrieval rank
+(at least K), so at every cutoff up to K it is a miss, and the two-stage figures compare
+directly with retrieval's. Ranks are 0-based and ties count against the target, as
+retrieval/metrics.py counts them.
+
+Rows are item table rows 1..N (0: padding), histories left-padded with the most recent last
+(retrieval/contract.py).
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from core.dllog import read_log
+from retrieval.data import catalogue
+from retrieval.metrics import seen_mask, target_ranks
+from retrieval.model import Encoder, RetrievalConfig
+from training import checkpoint
+
+
+class RetrievalRunError(ValueError):
+    pass
+
+
+def retrieval_parameters(directory: str) -> dict:
+    """The flags a retrieval.main training run logged (OUT/log.json's PARAMETER record)."""
+    log = os.path.join(directory, "log.json")
+    try:
+        records = read_log(log)
+    except (OSError, ValueError) as e:
+        raise RetrievalRunError(f"--retrieval_dir {directory}: cannot read {log} "
+                                f"({getattr(e, 'strerror', None) or e}): is it a "
+                                f"retrieval.main output dir?") from None
+    found = [r["data"] for r in records if r.get("type") == "PARAMETER"]
+    if not found or "model" not in found[0]:
+        raise RetrievalRunError(f"--retrieval_dir {directory}: {log} holds no retrieval.main "
+                                f"parameters")
+    return found[0]
+
+
+def load_retrieval(directory: str, spec) -> Encoder:
+    """The kept model of a retrieval.main run (directory/checkpoint), built for the catalogue
+    of `spec` (the run's dataset: a checkpoint of another catalogue is refused)."""
+    items = catalogue(spec)
+    if items.dynamic is not None or items.timestamps:
+        raise RetrievalRunError("recommend.main reads datasets of dense item ids without "
+                                "timestamps (retrieval.prepare_dataset --ids dense or map)")
+    p = retrieval_parameters(directory)
+    config = RetrievalConfig(
+        model=p["model"], items=items.items, length=p["max_sequence_length"],
+        width=p["embedding_dim"], blocks=p["num_blocks"], heads=p["num_heads"],
+        normalize=p["normalize"], temperature=p["temperature"], seed=p["seed"])
+    model = Encoder(config)
+    checkpoint.restore_replica(os.path.join(directory, "checkpoint"), model.named,
+                               model.named, config.checkpoint_shape())
+    return model
+
+
+def training_pairs(item_ids: np.ndarray, length: int) -> tuple:
+    """Training rows [n, length + 1] (every column's next id its target) -> (histories
+    [P, length], targets [P]): every (prefix, next item) pair whose prefix is not empty, each
+    prefix left-padded as an evaluation history is."""
+    padded = np.concatenate([np.zeros((len(item_ids), length), np.int64), item_ids], 1)
+    windows = np.lib.stride_tricks.sliding_window_view(padded, length, axis=1)
+    # window j ends at column j - 1 of the row: the prefix before column j
+    pairs = (item_ids[:, 1:] > 0) & (item_ids[:, :-1] > 0)
+    return windows[:, 1:item_ids.shape[1]][pairs], item_ids[:, 1:][pairs]
+
+
+class Candidates:
+    """The retrieval model's scoring of histories, in batches of histories of similar length
+    (each cut to its longest: few padded positions are encoded)."""
+
+    def __init__(self, model: Encoder, k: int, batch_size: int):
+        self.model, self.k, self.batch_size = model, min(int(k), model.config.items), batch_size
+        spec = [tf.TensorSpec([None, None], tf.int64), tf.TensorSpec([None], tf.int64)]
+        self._for_training = tf.function(self._negatives, input_signature=spec,
+                                         autograph=False)
+        self._for_evaluation = tf.function(self._lists, input_signature=spec, autograph=False)
+
+    def _scores(self, history):
+        return self.model.scores(self.model.encode(history)[:, -1])
+
+    def _negatives(self, history, targets):
+        """The top K items other than the target, then the target, with their scores."""
+        scores = self._scores(history)
+        target_scores = tf.gather(scores, targets - 1, batch_dims=1)
+        others = tf.where(tf.one_hot(targets - 1, tf.shape(scores)[1]) > 0, -np.inf, scores)
+        top = tf.math.top_k(others, self.k)
+        rows = tf.concat([tf.cast(top.indices, tf.int64) + 1, targets[:, None]], 1)
+        return rows, tf.concat([top.values, target_scores[:, None]], 1)
+
+    def _lists(self, history, targets):
+        """Top-K rows and scores among every item and among the unseen ones (the target
+        kept), and the target's retrieval rank under each."""
+        scores = self._scores(history)
+        hidden = seen_mask(history, tf.shape(scores)[1]) & \
+            ~(tf.one_hot(targets - 1, tf.shape(scores)[1]) > 0)
+        unseen = tf.where(hidden, -np.inf, scores)
+        out = {}
+        for name, s in (("", scores), ("filtered_", unseen)):
+            top = tf.math.top_k(s, self.k)
+            out.update({f"{name}candidates": tf.cast(top.indices, tf.int64) + 1,
+                        f"{name}scores": top.values,
+                        f"{name}retrieval_rank": target_ranks(s, targets)})
+        return out
+
+    def _batched(self, function, histories, targets) -> dict:
+        order = np.argsort((histories > 0).sum(1), kind="stable")
+        parts = []
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start:start + self.batch_size]
+            history = histories[rows]
+            first = min(int(np.argmax((history > 0).any(0))), history.shape[1] - 1)
+            parts.append({k: v.numpy() for k, v in
+                          function(tf.constant(history[:, first:]),
+                                   tf.constant(targets[rows])).items()})
+        inverse = np.argsort(order, kind="stable")
+        return {k: np.concatenate([p[k] for p in parts])[inverse] for k in parts[0]}
+
+    def training(self, histories: np.ndarray, targets: np.ndarray) -> dict:
+        """{candidates [P, K + 1], scores}: K retrieved negatives, the target last."""
+        return self._batched(lambda h, t: dict(zip(("candidates", "scores"),
+                                                   self._for_training(h, t))),
+                             histories, targets)
+
+    def evaluation(self, histories: np.ndarray, targets: np.ndarray) -> dict:
+        """Both protocols' candidates, scores and retrieval ranks (_lists)."""
+        return self._batched(self._for_evaluation, histories, targets)
+
+
+def final_ranks(candidates, logits, targets, retrieval_ranks):
+    """candidates int64 [n, K] (distinct rows), the ranker's logits [n, K], targets [n],
+    their retrieval ranks [n] -> int32 [n]: the target's rank in the final list (module doc)."""
+    at = tf.equal(candidates, targets[:, None])
+    found = tf.reduce_any(at, 1)
+    target_logit = tf.reduce_max(tf.where(at, logits, -np.inf), 1)
+    reranked = tf.reduce_sum(tf.cast(logits >= target_logit[:, None], tf.int32), 1) - 1
+    outside = tf.maximum(tf.cast(retrieval_ranks, tf.int32), tf.shape(candidates)[1])
+    return tf.where(found, reranked, outside)
