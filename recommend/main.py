@@ -5,11 +5,11 @@ evaluated as the final list over the whole catalogue, served as one SavedModel.
   python -m recommend.main --dataset_dir DATA --retrieval_dir R --output_dir OUT --mode export
   horovodrun -np 2 -H localhost:2 python -m recommend.main ...
 
-R is a retrieval.main output dir (its kept model, OUT/checkpoint, trained on DATA). For every
-training prefix the ranker sees the retrieval model's top --candidates other items (hard
-negatives) and the true next item, and learns to pick the true one. Validation and test users
-get the retrieval model's top --candidates, reordered by the ranker (recommend/stages.py: a
-target outside them is a miss). Training keeps the epoch of the best validation NDCG@10 (of the
+R is a retrieval.main output dir (its kept model, OUT/checkpoint, trained on DATA). The ranker
+trains on the training prefixes whose next item the retrieval model puts in its top
+--candidates: it learns to move the true item up among the retrieved ones (hard negatives).
+Validation and test users get the retrieval model's top --candidates, reordered by the ranker
+(recommend/stages.py: a target outside them is a miss). Training keeps the epoch of the best validation NDCG@10 (of the
 seen-removed lists with --filter_seen) and writes OUT/results.json: retrieval.main's layout
 ("valid", "test", "valid_filtered", "test_filtered", "best_epoch", "selected_on") of the final
 lists, and "retrieval": the retrieval model's own figures on the same users.
@@ -116,12 +116,17 @@ def timed(logger, what: str, function):
 
 
 def training_rows(spec, stage: Candidates, length: int, logger) -> dict:
-    """Every training prefix with its K retrieved negatives and the true next item last."""
+    """The training prefixes whose next item the retrieval model retrieves: the lists the
+    ranker reorders at serving. (A prefix whose next item is outside the top K, added to its
+    list, would carry a retrieval score below every other candidate's and teach the ranker to
+    distrust retrieval: lower validation NDCG@10 than retrieval alone on Beauty.)"""
     histories, targets = training_pairs(read_sequences(spec, "train", length)["item_ids"],
                                         length)
-    lists = timed(logger, f"retrieved {stage.k} candidates for {len(targets):,} training "
-                  f"prefixes", lambda: stage.training(histories, targets))
-    return {"history": histories, **lists}
+    rows = timed(logger, f"retrieved {stage.k} candidates for {len(targets):,} training "
+                 f"prefixes", lambda: stage.training(histories, targets))
+    logger.print(f"{len(rows['label']):,} prefixes have their next item among them: the "
+                 f"ranker's training lists")
+    return rows
 
 
 def evaluation_rows(spec, mapping: str, stage: Candidates, length: int, logger) -> dict:

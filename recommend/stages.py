@@ -80,21 +80,21 @@ class Candidates:
     def __init__(self, model: Encoder, k: int, batch_size: int):
         self.model, self.k, self.batch_size = model, min(int(k), model.config.items), batch_size
         spec = [tf.TensorSpec([None, None], tf.int64), tf.TensorSpec([None], tf.int64)]
-        self._for_training = tf.function(self._negatives, input_signature=spec,
+        self._for_training = tf.function(self._retrieved, input_signature=spec,
                                          autograph=False)
         self._for_evaluation = tf.function(self._lists, input_signature=spec, autograph=False)
 
     def _scores(self, history):
         return self.model.scores(self.model.encode(history)[:, -1])
 
-    def _negatives(self, history, targets):
-        """The top K items other than the target, then the target, with their scores."""
-        scores = self._scores(history)
-        target_scores = tf.gather(scores, targets - 1, batch_dims=1)
-        others = tf.where(tf.one_hot(targets - 1, tf.shape(scores)[1]) > 0, -np.inf, scores)
-        top = tf.math.top_k(others, self.k)
-        rows = tf.concat([tf.cast(top.indices, tf.int64) + 1, targets[:, None]], 1)
-        return rows, tf.concat([top.values, target_scores[:, None]], 1)
+    def _retrieved(self, history, targets):
+        """The top K rows and scores, and the target's place among them (K: not there)."""
+        top = tf.math.top_k(self._scores(history), self.k)
+        rows = tf.cast(top.indices, tf.int64) + 1
+        at = tf.equal(rows, targets[:, None])
+        place = tf.where(tf.reduce_any(at, 1), tf.argmax(tf.cast(at, tf.int32), 1,
+                                                         output_type=tf.int32), self.k)
+        return rows, top.values, place
 
     def _lists(self, history, targets):
         """Top-K rows and scores among every item and among the unseen ones (the target
@@ -125,10 +125,13 @@ class Candidates:
         return {k: np.concatenate([p[k] for p in parts])[inverse] for k in parts[0]}
 
     def training(self, histories: np.ndarray, targets: np.ndarray) -> dict:
-        """{candidates [P, K + 1], scores}: K retrieved negatives, the target last."""
-        return self._batched(lambda h, t: dict(zip(("candidates", "scores"),
-                                                   self._for_training(h, t))),
-                             histories, targets)
+        """{candidates [P, K], scores, label}: the top K and the target's place among them,
+        of the prefixes whose target is retrieved (label < K)."""
+        lists = self._batched(lambda h, t: dict(zip(("candidates", "scores", "label"),
+                                                    self._for_training(h, t))),
+                              histories, targets)
+        kept = lists["label"] < self.k
+        return {"history": histories[kept], **{k: v[kept] for k, v in lists.items()}}
 
     def evaluation(self, histories: np.ndarray, targets: np.ndarray) -> dict:
         """Both protocols' candidates, scores and retrieval ranks (_lists)."""

@@ -1,10 +1,10 @@
 """The ranker as a client of the training engine (training/engine.py).
 
-A training batch is ({"history" [b, L], "candidates" [b, K + 1], "scores" [b, K + 1]},
+A training batch is ({"history" [b, L], "candidates" [b, K], "scores" [b, K], "label" [b]},
 global_rows, first_row) (retrieval/batches.py's RowBatches): a training prefix, the retrieval
-model's K best other items and the true next item last, with their retrieval scores. The loss
-is the softmax cross-entropy of the true item among the K + 1, averaged over the global
-batch. Evaluation reorders each history's retrieved lists (both protocols) by the ranker and
+model's K best items with their retrieval scores, and the place of the true next item among
+them. The loss is the softmax cross-entropy of the true item among the K, averaged over the
+global batch. Evaluation reorders each history's retrieved lists (both protocols) by the ranker and
 reads the target's rank in the final list (recommend/stages.py).
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ from training import OptimizerGroup, Trainer
 from training.checkpoint import with_slots
 from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
 
-TRAINING_FEATURES = ("history", "candidates", "scores")
+TRAINING_FEATURES = ("history", "candidates", "scores", "label")
 EVALUATION_FEATURES = ("history", "target", "candidates", "scores", "retrieval_rank",
                        "filtered_candidates", "filtered_scores", "filtered_retrieval_rank")
 
@@ -45,8 +45,8 @@ class RankingTask:
         features, global_rows, seed = inputs
         logits = self.ranker(features["history"], features["candidates"], features["scores"],
                              seed, compute_dtype)
-        truth = tf.fill([tf.shape(logits)[0]], tf.shape(logits)[1] - 1)
-        per_row = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=truth, logits=logits)
+        per_row = tf.nn.sparse_softmax_cross_entropy_with_logits(labels=features["label"],
+                                                                 logits=logits)
         return mean_share(per_row, global_rows)
 
     def predict(self, batch, compute_dtype):
@@ -56,8 +56,7 @@ class RankingTask:
 
     @staticmethod
     def label(batch):
-        return tf.fill([tf.shape(batch[0]["candidates"])[0]],
-                       tf.shape(batch[0]["candidates"])[1] - 1)
+        return batch[0]["label"]
 
     @staticmethod
     def global_rows(batch):
@@ -67,7 +66,8 @@ class RankingTask:
 def signature(features, widths: dict) -> tuple:
     """TensorSpecs of a batch (any batch size) of the named features."""
     dtypes = {"scores": tf.float32, "filtered_scores": tf.float32,
-              "retrieval_rank": tf.int32, "filtered_retrieval_rank": tf.int32}
+              "retrieval_rank": tf.int32, "filtered_retrieval_rank": tf.int32,
+              "label": tf.int32}
     spec = {name: tf.TensorSpec([None] + ([widths[name]] if name in widths else []),
                                 dtypes.get(name, tf.int64)) for name in features}
     return spec, tf.TensorSpec([], tf.int32), tf.TensorSpec([], tf.int32)
@@ -81,8 +81,8 @@ class RankingTrainer(Trainer):
         self.optimizer = make_optimizer("adam", dict(ranker.named))
         group = OptimizerGroup(self.optimizer, learning_rate, tuple(ranker.named.values()))
         length = ranker.config.length
-        train = signature(TRAINING_FEATURES, {"history": length, "candidates": candidates + 1,
-                                              "scores": candidates + 1})
+        train = signature(TRAINING_FEATURES, {"history": length, "candidates": candidates,
+                                              "scores": candidates})
         super().__init__(RankingTask(ranker, int(seed)), comm, [group], tf.float32,
                          input_signature=train, predict_signature=train,
                          divergence_hint="Lower --lr.", divergence_factor=divergence_factor)

@@ -1,0 +1,194 @@
+"""The two-stage recommender (recommend/): training prefixes and final-list ranks against
+pure-Python readings, the rankers' one pass against one candidate at a time, and the CLI end to
+end on a learnable pattern: its retrieval figures are the retrieval run's own, it resumes
+exactly, two processes give one's figures, and the SavedModel's list is the two models run by
+hand."""
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from conftest import HOROVODRUN, bounded_run, horovodrun, require_or_skip
+from recommend.ranker import Ranker, RankerConfig
+from recommend.stages import final_ranks, training_pairs
+from test_retrieval_training import ITEMS, TINY, prepare, results, retrieval, successor_lines
+
+RANKING = ["--candidates", "10", "--batch_size", "32", "--eval_batch_size", "64", "--cpu",
+           "--print_freq", "5", "--lr", "0.003"]
+
+
+def test_training_pairs_are_every_prefix_and_its_next_item():
+    rows = np.array([[0, 0, 0, 4, 7, 9], [0, 0, 0, 0, 0, 3], [1, 2, 3, 4, 5, 6]], np.int64)
+    histories, targets = training_pairs(rows, 4)
+    want = []
+    for row in rows:
+        items = [int(i) for i in row if i > 0]
+        for j in range(1, len(items)):
+            prefix = items[:j][-4:]
+            want.append(([0] * (4 - len(prefix)) + prefix, items[j]))
+    assert histories.tolist() == [h for h, _ in want]
+    assert targets.tolist() == [t for _, t in want]
+
+
+def test_final_ranks_read_the_reordered_candidates_then_retrieval():
+    candidates = np.array([[5, 2, 9], [5, 2, 9], [5, 2, 9], [1, 3, 4]], np.int64)
+    logits = np.array([[0.1, 0.9, 0.5], [0.1, 0.9, 0.5], [0.3, 0.3, 0.3], [1.0, 2.0, 3.0]],
+                      np.float32)
+    targets = np.array([9, 2, 5, 8], np.int64)
+    retrieval_ranks = np.array([2, 1, 0, 17], np.int32)
+    ranks = final_ranks(tf.constant(candidates), tf.constant(logits), tf.constant(targets),
+                        tf.constant(retrieval_ranks)).numpy()
+    # the reordered lists: [2, 9, 5] twice; a three-way tie counts against the target; the
+    # fourth target is no candidate and keeps its retrieval rank
+    assert ranks.tolist() == [1, 0, 2, 17]
+    # a target outside the candidates ranked above K by a tie still misses the K
+    assert final_ranks(tf.constant(candidates[3:]), tf.constant(logits[3:]),
+                       tf.constant([8], tf.int64), tf.constant([1], tf.int32)).numpy() == [3]
+
+
+@pytest.mark.parametrize("kind", ["hstu", "din"])
+def test_a_pass_over_k_candidates_gives_each_its_own_logit(kind):
+    rng = np.random.default_rng(0)
+    ranker = Ranker(RankerConfig(ranker=kind, items=40, length=6, width=8, seed=3),
+                    rng.standard_normal((41, 8)).astype(np.float32))
+    for variable in ranker.head.layers[-1]:  # the zero start would hide the head
+        variable.assign(rng.standard_normal(variable.shape).astype(np.float32))
+    history = tf.constant([[0, 0, 3, 7, 1, 2], [4, 5, 6, 7, 8, 9]], tf.int64)
+    candidates = tf.constant(rng.integers(1, 41, (2, 5)), tf.int64)
+    scores = tf.constant(rng.standard_normal((2, 5)), tf.float32)
+    together = ranker(history, candidates, scores).numpy()
+    alone = np.concatenate([ranker(history, candidates[:, c:c + 1], scores[:, c:c + 1]).numpy()
+                            for c in range(5)], 1)
+    np.testing.assert_allclose(together, alone, rtol=1e-5, atol=1e-5)
+    assert np.ptp(together - scores.numpy()) > 1e-3  # the head matters
+
+
+def test_an_untrained_ranker_orders_as_retrieval():
+    rng = np.random.default_rng(1)
+    ranker = Ranker(RankerConfig(items=20, length=4, width=8),
+                    rng.standard_normal((21, 8)).astype(np.float32))
+    scores = rng.standard_normal((3, 6)).astype(np.float32)
+    logits = ranker(tf.constant(rng.integers(0, 21, (3, 4)), tf.int64),
+                    tf.constant(rng.integers(1, 21, (3, 6)), tf.int64), tf.constant(scores))
+    np.testing.assert_allclose(logits.numpy(), scores, rtol=1e-6)
+
+
+def recommend(*args, timeout=400, launcher=()):
+    proc = bounded_run([*launcher, sys.executable, "-m", "recommend.main", *args],
+                       timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def stage_one(tmp_path_factory):
+    """A dataset and a retrieval run trained on it, cut short so a ranker has room to help."""
+    root = tmp_path_factory.mktemp("recommend")
+    data = prepare(root, "successors", successor_lines(300))
+    run = str(root / "retrieval")
+    retrieval("--model", "hstu", "--dataset_dir", data, "--output_dir", run, *TINY,
+              "--epochs", "1", "--max_steps", "4")
+    return data, run
+
+
+def test_learns_above_retrieval_and_reports_retrievals_own_figures(stage_one, tmp_path):
+    data, run = stage_one
+    out = str(tmp_path / "two_stage")
+    recommend("--dataset_dir", data, "--retrieval_dir", run, "--output_dir", out, *RANKING,
+              "--epochs", "4")
+    got = results(out)
+    # the retrieval model on the same users: what retrieval.main says of it
+    retrieval("--model", "hstu", "--dataset_dir", data, "--output_dir", run, *TINY,
+              "--mode", "eval")
+    own = results(run)
+    for split in ("valid", "test", "valid_filtered", "test_filtered"):
+        for key, value in own[split].items():
+            assert got["retrieval"][split][key] == pytest.approx(value, abs=1e-9), (split, key)
+        assert set(got[split]) == set(own[split])
+    assert got["test"]["ndcg@10"] > got["retrieval"]["test"]["ndcg@10"] + 0.05
+    # a cutoff beyond K: the final list's tail is retrieval's order
+    assert got["test"]["hr@50"] == got["retrieval"]["test"]["hr@50"]
+    assert 1 <= got["best_epoch"] <= 4 and got["selected_on"] == "ndcg@10"
+
+
+def test_resumed_run_ends_where_an_uninterrupted_one_does(stage_one, tmp_path):
+    data, run = stage_one
+    common = ["--dataset_dir", data, "--retrieval_dir", run, *RANKING,
+              "--early_stopping_patience", "0", "--epochs", "3", "--ranker", "din"]
+    straight, cut = str(tmp_path / "straight"), str(tmp_path / "cut")
+    recommend(*common, "--output_dir", straight)
+    recommend(*common, "--output_dir", cut, "--max_steps", "13")
+    refused = bounded_run([sys.executable, "-m", "recommend.main", *common, "--output_dir", cut],
+                          timeout=200)
+    assert refused.returncode != 0 and "--resume" in refused.stderr.splitlines()[-1]
+    recommend(*common, "--output_dir", cut, "--resume")
+    assert results(cut) == results(straight)
+    with np.load(os.path.join(straight, "checkpoint", "arrays.npz")) as a, \
+            np.load(os.path.join(cut, "checkpoint", "arrays.npz")) as b:
+        for name in a.files:
+            np.testing.assert_array_equal(a[name], b[name], err_msg=name)
+
+
+def test_two_processes_give_the_figures_of_one(stage_one, tmp_path):
+    require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
+    data, run = stage_one
+    common = ["--dataset_dir", data, "--retrieval_dir", run, *RANKING, "--epochs", "2"]
+    recommend(*common, "--output_dir", str(tmp_path / "one"))
+    recommend(*common, "--output_dir", str(tmp_path / "two"), launcher=horovodrun(2),
+              timeout=500)
+    one, two = results(tmp_path / "one"), results(tmp_path / "two")
+    assert one["best_epoch"] == two["best_epoch"]
+    for split in ("valid", "test"):
+        for key, value in one[split].items():
+            # gradients summed in another order: a near tie may flip for one of 300 users
+            assert two[split][key] == pytest.approx(value, abs=1.01 / 300), (split, key)
+
+
+def test_saved_model_serves_the_two_models_run_by_hand(stage_one, tmp_path):
+    from core.sources import load_spec
+    from recommend.stages import load_retrieval
+    from retrieval.contract import RETRIEVAL_CONTRACT
+    from training.checkpoint import load_arrays
+    data, run = stage_one
+    out = str(tmp_path / "two_stage")
+    common = ["--dataset_dir", data, "--retrieval_dir", run, "--output_dir", out, *RANKING]
+    recommend(*common, "--epochs", "2")
+    recommend(*common, "--mode", "export", "--top_k", "4")
+    served = tf.saved_model.load(os.path.join(out, "saved_model")).signatures["serving_default"]
+    histories = np.array([[3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [0, 0, 0, 0, 0, 0, 0, 0, 29, 30]],
+                         np.int64)
+    top = served(item_ids=tf.constant(histories))
+    # by hand: the retrieval encoder's scores in numpy, its 10 best, the ranker's logits
+    encoder = load_retrieval(run, load_spec(data, RETRIEVAL_CONTRACT))
+    recent = np.array([[0] * (8 - min(8, (h > 0).sum())) + list(h[h > 0][-8:])
+                       for h in histories], np.int64)
+    query = encoder.queries(encoder.encode(tf.constant(recent))[:, -1]).numpy()
+    scores = query @ encoder.catalogue().numpy().T
+    retrieved = np.argsort(-scores, 1, kind="stable")[:, :10] + 1
+    ranker = Ranker(RankerConfig(items=ITEMS, length=8, width=16), np.zeros((ITEMS + 1, 16)))
+    arrays, _ = load_arrays(os.path.join(out, "checkpoint"))
+    for name, variable in ranker.named.items():
+        variable.assign(arrays[name])
+    logits = ranker(tf.constant(recent), tf.constant(retrieved),
+                    tf.constant(np.take_along_axis(scores, retrieved - 1, 1), tf.float32)).numpy()
+    want = np.take_along_axis(retrieved, np.argsort(-logits, 1, kind="stable")[:, :4], 1)
+    np.testing.assert_array_equal(top["top_k_ids"].numpy(), want)
+    np.testing.assert_allclose(top["top_k_scores"].numpy(), -np.sort(-logits, 1)[:, :4],
+                               rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("flags,culprit", [
+    (["--retrieval_dir", "/nonexistent"], "/nonexistent"),
+    (["--candidates", "0"], "--candidates"),
+    (["--dropout_rate", "1"], "--dropout_rate"),
+])
+def test_bad_requests_end_in_one_error_line(stage_one, tmp_path, flags, culprit):
+    data, run = stage_one
+    proc = bounded_run([sys.executable, "-m", "recommend.main", "--dataset_dir", data,
+                        "--retrieval_dir", run, "--output_dir", str(tmp_path / "out"), "--cpu",
+                        *flags], timeout=200)
+    assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert culprit in proc.stderr.strip().splitlines()[-1]
