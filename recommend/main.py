@@ -63,14 +63,16 @@ flags.DEFINE_integer("candidates", 100, "K: the retrieved items the ranker reord
                      lower_bound=1)
 flags.DEFINE_integer("num_blocks", 2, "HSTU layers (--ranker hstu)", lower_bound=1)
 flags.DEFINE_integer("num_heads", 1, "HSTU heads (--ranker hstu)", lower_bound=1)
+flags.DEFINE_bool("start_from_retrieval", False, "Start the ranker's item table from the "
+                  "retrieval model's (else its own draw: a second view of the items)")
 flags.DEFINE_float("dropout_rate", 0.2, "Dropout of the ranker's head input, in [0, 1)",
                    lower_bound=0.0)
-flags.DEFINE_float("lr", 0.001, "Adam's learning rate, > 0, decayed linearly to zero over "
+flags.DEFINE_float("lr", 0.003, "Adam's learning rate, > 0, decayed linearly to zero over "
                    "--epochs", lower_bound=0.0)
 flags.DEFINE_integer("batch_size", 128, "Training prefixes per step over all processes",
                      lower_bound=1)
-flags.DEFINE_integer("epochs", 8, "Most passes over the training prefixes", lower_bound=1)
-flags.DEFINE_integer("early_stopping_patience", 2, "Stop after this many evaluations "
+flags.DEFINE_integer("epochs", 3, "Most passes over the training prefixes", lower_bound=1)
+flags.DEFINE_integer("early_stopping_patience", 1, "Stop after this many evaluations "
                      "without a better validation NDCG@10 (0: never)", lower_bound=0)
 flags.DEFINE_integer("eval_batch_size", 512, "Histories scored at once (retrieval and "
                      "evaluation)", lower_bound=1)
@@ -208,7 +210,7 @@ def run(spec, comm, logger) -> None:
     ranker = Ranker(RankerConfig(ranker=F.ranker, items=c.items, length=c.length, width=c.width,
                                  blocks=F.num_blocks, heads=F.num_heads,
                                  dropout=F.dropout_rate, seed=F.seed),
-                    retrieval.items.numpy())
+                    retrieval.items.numpy() if F.start_from_retrieval else None)
     stage = Candidates(retrieval, min(F.candidates, c.items - 1), F.eval_batch_size)
     data = batches(training_rows(spec, stage, c.length, logger), comm, TRAINING_FEATURES,
                    F.seed, F.batch_size) if F.mode == "train" else None

@@ -1,15 +1,18 @@
 """The ranking stage: scores a history's K retrieved candidates, all in one pass.
 
-    e(i)         the ranker's item table, started from the retrieval model's (same width)
-    hstu:  y_c = the SIM family's HSTU ranker (sim/hstu.py: M-FALCON, the history then the K
-                 candidate tokens, none reading another) -> x_c = [y_c, e(c)]
-    din:   p_c = DIN's attention pool of the history by candidate c (sim/blocks.py's
-                 activation unit) -> x_c = [e(c), p_c, e(c) * p_c]
-    logit_c = MLP(dropout(x_c)) + a * s_c
+    e(i)         the ranker's item table: its own (--start_from_retrieval: the retrieval
+                 model's, same width)
+    hstu:  u_c = the SIM family's HSTU ranker's output for candidate c (sim/hstu.py: M-FALCON,
+                 the history then the K candidate tokens, none reading another)
+    din:   u_c = DIN's attention pool of the history by candidate c (sim/blocks.py's
+                 activation unit)
+    x_c = [u_c, e(c), u_c * e(c)]
+    logit_c = MLP(dropout(x_c)) + b <u_c, e(c)> + a s_c
 
-with s_c the retrieval model's score of c and a learned a (started at 1). The MLP's last layer
-starts at zero, so an untrained ranker orders the candidates as retrieval does and training
-learns what to change.
+with s_c the retrieval model's score of c, a learned a (started at 1) and b (started at 0): the
+dot product gives the ranker the matching an MLP learns slowly. The MLP's last layer starts at
+zero, so an untrained ranker orders the candidates as retrieval does and training learns what
+to change.
 """
 from __future__ import annotations
 
@@ -44,25 +47,29 @@ class RankerConfig:
 
 
 class Ranker(tf.Module):
-    def __init__(self, config: RankerConfig, item_table: np.ndarray):
-        """item_table: [items + 1, width] float32, the table the ranker's starts from."""
+    def __init__(self, config: RankerConfig, item_table: np.ndarray = None):
+        """item_table: [items + 1, width] float32, the table the ranker's starts from (None:
+        its own seeded draw, as retrieval's table starts)."""
         super().__init__(name="ranker")
         if config.ranker not in RANKERS:
             raise ValueError(f"--ranker must be one of {list(RANKERS)}, found {config.ranker!r}")
         self.config, c = config, config
+        if item_table is None:
+            item_table = np.random.default_rng([c.seed, 99]).standard_normal(
+                (c.items + 1, c.width)) * c.width ** -0.5
         self.items = tf.Variable(np.asarray(item_table, np.float32), name="item_embeddings")
         self.retrieval_weight = tf.Variable(1.0, name="retrieval_weight")
+        self.dot_weight = tf.Variable(0.0, name="dot_weight")
         if c.ranker == "hstu":
             self.encoder = HstuRanker(c.width, c.length, c.blocks, c.heads, c.seed, 100, "hstu")
-            parts, head_input = self.encoder.named_variables("hstu"), 2 * c.width
         else:
             self.encoder = AttentionUnit(c.width, DIN_ATTENTION_WIDTHS, c.seed, 100, "din")
-            parts, head_input = self.encoder.named_variables("din"), 3 * c.width
-        self.head = MLP(head_input, (HEAD_WIDTH, 1), False, c.seed, 200, "head")
+        self.head = MLP(3 * c.width, (HEAD_WIDTH, 1), False, c.seed, 200, "head")
         for variable in self.head.layers[-1]:
             variable.assign(tf.zeros_like(variable))
         self.named = {"item_embeddings": self.items, "retrieval_weight": self.retrieval_weight,
-                      **parts, **self.head.named_variables("head")}
+                      "dot_weight": self.dot_weight, **self.encoder.named_variables(c.ranker),
+                      **self.head.named_variables("head")}
 
     def __call__(self, history, candidates, retrieval_scores, seed=None,
                  compute_dtype=tf.float32):
@@ -72,21 +79,22 @@ class Ranker(tf.Module):
         keys = tf.nn.embedding_lookup(self.items, history)
         targets = tf.nn.embedding_lookup(self.items, candidates)
         if self.config.ranker == "hstu":
-            x = tf.concat([self.encoder(keys, mask, targets, compute_dtype), targets], -1)
+            u = self.encoder(keys, mask, targets, compute_dtype)
         else:
-            x = self._din(keys, mask, targets, compute_dtype)
-        x = dropout(x, self.config.dropout, seed, 1)
+            u = self._din(keys, mask, targets, compute_dtype)
+        x = dropout(tf.concat([u, targets, u * targets], -1), self.config.dropout, seed, 1)
         logits = tf.cast(tf.squeeze(apply_mlp(self.head, tf.cast(x, compute_dtype),
                                               compute_dtype), -1), tf.float32)
-        return logits + self.retrieval_weight * retrieval_scores
+        return logits + self.dot_weight * tf.reduce_sum(u * targets, -1) + \
+            self.retrieval_weight * retrieval_scores
 
     def _din(self, keys, mask, targets, compute_dtype):
-        """[e(c), p_c, e(c) * p_c] of every candidate: the history repeated per candidate."""
+        """[B, K, w]: each candidate's pool of the history (the history repeated per
+        candidate)."""
         b, k, w = tf.shape(targets)[0], tf.shape(targets)[1], self.config.width
-        query = tf.reshape(targets, [-1, w])
-        pooled, _ = attention_pool(self.encoder, tf.cast(query, compute_dtype),
+        pooled, _ = attention_pool(self.encoder, tf.cast(tf.reshape(targets, [-1, w]),
+                                                         compute_dtype),
                                    tf.cast(tf.repeat(keys, k, axis=0), compute_dtype),
                                    tf.cast(tf.repeat(mask, k, axis=0), compute_dtype),
                                    compute_dtype)
-        pooled = tf.reshape(tf.cast(pooled, tf.float32), [b, k, w])
-        return tf.concat([targets, pooled, targets * pooled], -1)
+        return tf.reshape(tf.cast(pooled, tf.float32), [b, k, w])

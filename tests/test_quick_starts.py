@@ -13,7 +13,7 @@ import pytest
 from conftest import HOROVODRUN, ROOT, bash_lines, bounded_run, require_or_skip
 
 README_QUICK_STARTS = ["README.md", "wide_and_deep/README.md", "sim/README.md",
-                       "retrieval/README.md"]
+                       "retrieval/README.md", "recommend/README.md"]
 DEMO_SCRIPTS = {"demo": "tools/demo.sh", "demo-wd": "tools/demo_wd.sh",
                 "demo-sim": "tools/demo_sim.sh", "demo-retrieval": "tools/demo_retrieval.sh"}
 FIGURE = r"\d+\.\d+"
@@ -22,7 +22,8 @@ DEMO_HEADLINES = {"demo": rf"demo result: test AUC {FIGURE} over [\d,]+ rows",
                   "demo-sim": rf"demo result: test AUC SIM {FIGURE} vs DIEN {FIGURE} .*DIN.* "
                               rf"{FIGURE}\); inference [\d,]+ samples/s",
                   "demo-retrieval": rf"demo result: test NDCG@10 SASRec {FIGURE} \(epoch \d+\), "
-                                    rf"HSTU {FIGURE}"}
+                                    rf"HSTU {FIGURE}(.|\n)*two-stage result: test NDCG@10 "
+                                    rf"{FIGURE} vs HSTU retrieval alone {FIGURE}"}
 # Amazon Beauty (the retrieval quick start's data), as the demo finds it
 BEAUTY = next((p for p in (os.path.join(os.path.dirname(ROOT), "shared", "data", "sequential",
                                         "Beauty.txt"),
@@ -94,8 +95,11 @@ SMOKE = {
     "retrieval.prepare_dataset": ({"--src": BEAUTY}, []),
     "retrieval.main": ({}, ["--epochs", "1", "--embedding_dim", "16", "--max_sequence_length",
                             "10", "--cpu"]),
+    "recommend.main": ({}, ["--epochs", "1", "--max_steps", "20", "--candidates", "20",
+                            "--cpu"]),
 }
-TRAINING_PROGRAMS = ("dlrm.py", "dcnv2.py", "wide_and_deep.main", "sim.main", "retrieval.main")
+TRAINING_PROGRAMS = ("dlrm.py", "dcnv2.py", "wide_and_deep.main", "sim.main", "retrieval.main",
+                     "recommend.main")
 
 
 def headline(argv: list):
@@ -104,10 +108,10 @@ def headline(argv: list):
     if program(argv) not in TRAINING_PROGRAMS:
         return None
     mode = argv[argv.index("--mode") + 1] if "--mode" in argv else "train"
-    if program(argv) == "retrieval.main":
+    if program(argv) in ("retrieval.main", "recommend.main"):
         return {"train": rf"done: step \d+, kept the best evaluation, epoch \d+ \(step \d+\): "
                          rf"ndcg@10 {FIGURE}",
-                "export": r"exported \S+ \(top \d+ of \d+ items\)"}[mode]
+                "export": r"exported \S+ \((top|retrieval's top) \d+ of \d+ items"}[mode]
     if mode == "eval":
         return rf"eval: auc {FIGURE}"
     return rf"done: step \d+, train_loss {FIGURE}\s+auc {FIGURE}"

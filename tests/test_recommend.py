@@ -56,6 +56,7 @@ def test_a_pass_over_k_candidates_gives_each_its_own_logit(kind):
                     rng.standard_normal((41, 8)).astype(np.float32))
     for variable in ranker.head.layers[-1]:  # the zero start would hide the head
         variable.assign(rng.standard_normal(variable.shape).astype(np.float32))
+    ranker.dot_weight.assign(0.5)
     history = tf.constant([[0, 0, 3, 7, 1, 2], [4, 5, 6, 7, 8, 9]], tf.int64)
     candidates = tf.constant(rng.integers(1, 41, (2, 5)), tf.int64)
     scores = tf.constant(rng.standard_normal((2, 5)), tf.float32)
@@ -192,3 +193,44 @@ def test_bad_requests_end_in_one_error_line(stage_one, tmp_path, flags, culprit)
                         *flags], timeout=200)
     assert proc.returncode != 0 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert culprit in proc.stderr.strip().splitlines()[-1]
+
+
+def write_runs(root, figures: np.ndarray, retrieval_figures: np.ndarray) -> None:
+    """seed_i/results.json per row of figures and retrieval_figures [seeds, 4 sets, 2 keys]."""
+    sets = ("valid", "test", "valid_filtered", "test_filtered")
+    for seed, (own, alone) in enumerate(zip(figures, retrieval_figures)):
+        os.makedirs(root / f"seed_{seed}")
+        results = {s: {"hr@10": float(f[0]), "ndcg@10": float(f[1])} for s, f in zip(sets, own)}
+        results["retrieval"] = {s: {"hr@10": float(f[0]), "ndcg@10": float(f[1])}
+                                for s, f in zip(sets, alone)}
+        (root / f"seed_{seed}" / "results.json").write_text(json.dumps(results))
+
+
+def report(*paths):
+    return bounded_run([sys.executable, "-m", "recommend.report", *map(str, paths)], timeout=60)
+
+
+def test_report_shows_each_protocol_beside_retrieval_alone(tmp_path):
+    rng = np.random.default_rng(0)
+    alone = rng.uniform(0.01, 0.1, (2, 4, 2))
+    mine, other = rng.uniform(0.01, 0.1, (2, 2, 4, 2))
+    write_runs(tmp_path / "mine", mine, alone)
+    write_runs(tmp_path / "other", other, alone)
+    proc = report(tmp_path / "mine", tmp_path / "other")
+    assert proc.returncode == 0, proc.stderr
+    every, removed = proc.stdout.split("**Seen items removed")
+    for text, index in ((every, 1), (removed, 3)):
+        rows = {line.split("|")[1].strip(): [float(c.strip().strip("*x"))
+                                             for c in line.split("|")[3:6]]
+                for line in text.splitlines() if line.startswith("| ") and "---" not in line
+                and "list" not in line}
+        want_alone = alone[:, index].mean(0)
+        np.testing.assert_allclose(rows["retrieval alone"], [*want_alone, 1.0], atol=5e-5)
+        for name, runs in (("mine", mine), ("other", other)):
+            want = runs[:, index].mean(0)
+            np.testing.assert_allclose(rows[f"two-stage: {name}"],
+                                       [*want, want[1] / want_alone[1]], atol=5e-4)
+    write_runs(tmp_path / "elsewhere", mine, alone[::-1] * 1.1)
+    proc = report(tmp_path / "mine", tmp_path / "elsewhere")
+    assert proc.returncode != 0 and proc.stderr.startswith("error: ") and \
+        "elsewhere" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
