@@ -38,6 +38,7 @@ TOY = {
     "sim_step_profile.py": {"--batch_sizes": "16", "--steps": "1"},
     "dynamic_admission_memory.py": {"--steps": "2", "--capacity": "40", "--tables": "2",
                                     "--batch_size": "64", "--admission_steps": "20"},
+    "recommend_latency.py": {"--requests": "3", "--rounds": "1"},
 }
 FIGURES = r"\d\s?(%|samples/s|rows/s|lines/s|ms\b|x\b)|\"ms\": \d"
 

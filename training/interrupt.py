@@ -9,7 +9,9 @@ peer has already stopped never gets there. So the signal wakes a watcher thread
 rank gets horovodrun's SIGTERM) and ends the process `grace_s` seconds later, or at a
 second signal, if it has not ended by then. The loop meanwhile stops at its next step
 boundary (before any evaluation or checkpoint of that step) and exits quietly; so does a rank
-whose collective failed because a peer stopped at the signal first (stopped_by_signal)."""
+whose collective failed because a peer stopped at the signal first (stopped_by_signal). A
+signal during a checkpoint write waits for it (up to `grace_s`) before the line is printed, so
+the line names the checkpoint that is on disk."""
 from __future__ import annotations
 
 import os
@@ -35,6 +37,7 @@ class StopOnSignal:
         self.kept = kept or (lambda: "the last checkpoint written stays")
         self.signum, self.step = None, 0
         self._announced = threading.Event()  # the line is out: the loop may exit
+        self.saving = threading.Lock()  # held by the loop while it writes a checkpoint
         self._active = threading.current_thread() is threading.main_thread()
 
     def __enter__(self):
@@ -81,10 +84,13 @@ class StopOnSignal:
             os.close(self._write)
             return
         self.signum = byte[0]
+        deadline = time.monotonic() + self.grace_s
+        saved = self.saving.acquire(timeout=self.grace_s)  # a write under way ends first
         if self.rank == 0:
             print(f"error: {self.message()}", file=sys.stderr, flush=True)
         self._announced.set()
-        deadline = time.monotonic() + self.grace_s
+        if saved:
+            self.saving.release()
         while (left := deadline - time.monotonic()) > 0:
             if select.select([self._read], [], [], left)[0] and os.read(self._read, 1) != b"\0":
                 break  # a second signal ends the process now

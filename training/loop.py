@@ -263,10 +263,11 @@ class _Run:
 
     def _save_to(self, path: str, barrier: str) -> None:
         self.trainer.check_diverged()  # a diverged state is never saved
-        with self.trainer.comm.waiting(barrier, self.step):
+        with self.stop.saving, self.trainer.comm.waiting(barrier, self.step):
+            self.stop.check(self.step)  # a signal's line, once out, names the last save
             self.checkpoints.save(path, self.position())
-        if path == self.checkpoints.path:  # before the line, which an interrupt may follow
-            self.last_saved_step = self.step
+            if path == self.checkpoints.path:  # before an interrupt's line names it
+                self.last_saved_step = self.step
         self.logger.log((self.epoch, self.step), {"checkpoint_saved": path})
         self.logger.print(f"checkpoint saved at step {self.step}: {path}")
         self.reporter.restart()
