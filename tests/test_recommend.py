@@ -234,15 +234,3 @@ def test_report_shows_each_protocol_beside_retrieval_alone(tmp_path):
     proc = report(tmp_path / "mine", tmp_path / "elsewhere")
     assert proc.returncode != 0 and proc.stderr.startswith("error: ") and \
         "elsewhere" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
-
-
-def test_the_readme_tables_are_the_report_of_the_committed_runs():
-    from conftest import ROOT, bash_lines
-    text = open(os.path.join(ROOT, "recommend", "README.md")).read()
-    section = text.split("\n## Results on Amazon Beauty", 1)[1].split("\n## ", 1)[0]
-    command = next(line for line in bash_lines(section) if "recommend.report" in line)
-    paths = command.split("recommend.report", 1)[1].split()
-    assert paths and all(p.startswith("bench/results/recommend/") for p in paths), paths
-    proc = bounded_run([sys.executable, "-m", "recommend.report", *paths], timeout=60)
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() in section, "recommend/README.md: tables differ from the report"
