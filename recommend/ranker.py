@@ -7,12 +7,13 @@
     din:   u_c = DIN's attention pool of the history by candidate c (sim/blocks.py's
                  activation unit)
     x_c = [u_c, e(c), u_c * e(c)]
-    logit_c = MLP(dropout(x_c)) + b <u_c, e(c)> + a s_c
+    logit_c = MLP(dropout(x_c)) + b <u_c, e(c)> + a s_c + r [c in the history]
 
-with s_c the retrieval model's score of c, a learned a (started at 1) and b (started at 0): the
-dot product gives the ranker the matching an MLP learns slowly. The MLP's last layer starts at
-zero, so an untrained ranker orders the candidates as retrieval does and training learns what
-to change.
+with s_c the retrieval model's score of c, a learned a (started at 1), b and r (started at 0):
+the dot product gives the ranker the matching an MLP learns slowly; r learns how likely a
+user is to take an item again (retrieval scores a seen item as any other, and a history's own
+items are often its nearest). The MLP's last layer starts at zero, so an untrained ranker
+orders the candidates as retrieval does and training learns what to change.
 """
 from __future__ import annotations
 
@@ -60,6 +61,7 @@ class Ranker(tf.Module):
         self.items = tf.Variable(np.asarray(item_table, np.float32), name="item_embeddings")
         self.retrieval_weight = tf.Variable(1.0, name="retrieval_weight")
         self.dot_weight = tf.Variable(0.0, name="dot_weight")
+        self.seen_weight = tf.Variable(0.0, name="seen_weight")
         if c.ranker == "hstu":
             self.encoder = HstuRanker(c.width, c.length, c.blocks, c.heads, c.seed, 100, "hstu")
         else:
@@ -68,7 +70,8 @@ class Ranker(tf.Module):
         for variable in self.head.layers[-1]:
             variable.assign(tf.zeros_like(variable))
         self.named = {"item_embeddings": self.items, "retrieval_weight": self.retrieval_weight,
-                      "dot_weight": self.dot_weight, **self.encoder.named_variables(c.ranker),
+                      "dot_weight": self.dot_weight, "seen_weight": self.seen_weight,
+                      **self.encoder.named_variables(c.ranker),
                       **self.head.named_variables("head")}
 
     def __call__(self, history, candidates, retrieval_scores, seed=None,
@@ -85,8 +88,10 @@ class Ranker(tf.Module):
         x = dropout(tf.concat([u, targets, u * targets], -1), self.config.dropout, seed, 1)
         logits = tf.cast(tf.squeeze(apply_mlp(self.head, tf.cast(x, compute_dtype),
                                               compute_dtype), -1), tf.float32)
+        seen = tf.reduce_any((candidates[:, :, None] == history[:, None, :]) &
+                             (history[:, None, :] > 0), -1)
         return logits + self.dot_weight * tf.reduce_sum(u * targets, -1) + \
-            self.retrieval_weight * retrieval_scores
+            self.retrieval_weight * retrieval_scores + self.seen_weight * tf.cast(seen, tf.float32)
 
     def _din(self, keys, mask, targets, compute_dtype):
         """[B, K, w]: each candidate's pool of the history (the history repeated per

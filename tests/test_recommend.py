@@ -57,6 +57,7 @@ def test_a_pass_over_k_candidates_gives_each_its_own_logit(kind):
     for variable in ranker.head.layers[-1]:  # the zero start would hide the head
         variable.assign(rng.standard_normal(variable.shape).astype(np.float32))
     ranker.dot_weight.assign(0.5)
+    ranker.seen_weight.assign(-0.7)
     history = tf.constant([[0, 0, 3, 7, 1, 2], [4, 5, 6, 7, 8, 9]], tf.int64)
     candidates = tf.constant(rng.integers(1, 41, (2, 5)), tf.int64)
     scores = tf.constant(rng.standard_normal((2, 5)), tf.float32)
@@ -75,6 +76,21 @@ def test_an_untrained_ranker_orders_as_retrieval():
     logits = ranker(tf.constant(rng.integers(0, 21, (3, 4)), tf.int64),
                     tf.constant(rng.integers(1, 21, (3, 6)), tf.int64), tf.constant(scores))
     np.testing.assert_allclose(logits.numpy(), scores, rtol=1e-6)
+
+
+def test_the_seen_term_moves_exactly_the_candidates_the_history_holds():
+    rng = np.random.default_rng(2)
+    ranker = Ranker(RankerConfig(items=9, length=4, width=8),
+                    rng.standard_normal((10, 8)).astype(np.float32))
+    history = [[0, 0, 3, 7], [5, 5, 1, 2]]
+    candidates = [[3, 4, 7, 9], [1, 6, 5, 3]]
+    args = (tf.constant(history, tf.int64), tf.constant(candidates, tf.int64),
+            tf.constant(rng.standard_normal((2, 4)), tf.float32))
+    before = ranker(*args).numpy()
+    ranker.seen_weight.assign(-2.5)
+    seen = [[float(c in h) for c in row] for h, row in zip(history, candidates)]
+    np.testing.assert_allclose(ranker(*args).numpy() - before, -2.5 * np.array(seen),
+                               atol=1e-6)
 
 
 def recommend(*args, timeout=400, launcher=()):
