@@ -10,7 +10,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 READMES = ("README.md", "sim/README.md", "wide_and_deep/README.md", "preproc/README.md",
-           "retrieval/README.md", "tensorflow-dot-based-interact/README.md")
+           "retrieval/README.md", "recommend/README.md",
+           "tensorflow-dot-based-interact/README.md")
 REQUIREMENTS = open(os.path.join(ROOT, "requirements.txt"), encoding="utf-8").read()
 CURRENT_TF = re.search(r"^tensorflow-cpu==(\d+\.\d+)", REQUIREMENTS, re.M).group(1)
 NUMBER = r"\d+\.\d+"
