@@ -275,7 +275,7 @@ def _shown(value) -> str:
 
 def _attribute_list(path: str, key: str, value) -> list:
     """An entry's attribute ids, each once, in the file's order."""
-    fine = isinstance(value, list) and all(
+    fine = type(value) is list and all(  # not _Pairs: an object is not a list
         type(a) is int and _INT64[0] <= a <= _INT64[1] for a in value)
     if not fine:
         raise PrepareError(f"{path}: item '{key}': expected a list of integer attribute ids, "

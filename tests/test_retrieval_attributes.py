@@ -117,6 +117,7 @@ ERRORS = {
     "value_with_a_float": ('{"3": [1.0]}', [], ["item '3'", "found [1.0]"]),
     "value_with_a_bool": ('{"3": [true]}', [], ["item '3'", "found [true]"]),
     "value_an_object": ('{"3": {"a": 1}}', [], ["item '3'", 'found {"a": 1}']),
+    "value_an_empty_object": ('{"3": {}}', [], ["item '3'", "found {}"]),
     "dense_key_not_an_id": ('{"3": [1], "x3": [2]}', [], ["key 'x3'",
                                                           "positive integer item id"]),
     "dense_key_zero": ('{"0": [2]}', [], ["key '0'", "positive integer item id"]),
