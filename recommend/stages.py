@@ -18,9 +18,9 @@ import numpy as np
 import tensorflow as tf
 
 from core.dllog import read_log
-from retrieval.data import catalogue
+from retrieval.data import catalogue, item_attributes
 from retrieval.metrics import seen_mask, target_ranks
-from retrieval.model import Encoder, RetrievalConfig
+from retrieval.model import CHECKPOINT_DEFAULTS, Encoder, RetrievalConfig
 from training import checkpoint
 
 
@@ -52,13 +52,19 @@ def load_retrieval(directory: str, spec) -> Encoder:
         raise RetrievalRunError("recommend.main reads datasets of dense item ids without "
                                 "timestamps (retrieval.prepare_dataset --ids dense or map)")
     p = retrieval_parameters(directory)
+    attributes = item_attributes(spec) if p.get("item_attributes") else None
+    if p.get("item_attributes") and attributes is None:
+        raise RetrievalRunError(f"--retrieval_dir {directory} was trained with "
+                                f"--item_attributes: its dataset's attributes are missing")
     config = RetrievalConfig(
         model=p["model"], items=items.items, length=p["max_sequence_length"],
         width=p["embedding_dim"], blocks=p["num_blocks"], heads=p["num_heads"],
-        normalize=p["normalize"], temperature=p["temperature"], seed=p["seed"])
-    model = Encoder(config)
+        normalize=p["normalize"], temperature=p["temperature"],
+        attributes=attributes.count if attributes else 0, seed=p["seed"])
+    model = Encoder(config, attributes=attributes.table if attributes else None)
     checkpoint.restore_replica(os.path.join(directory, "checkpoint"), model.named,
-                               model.named, config.checkpoint_shape())
+                               model.named, config.checkpoint_shape(),
+                               model_defaults=CHECKPOINT_DEFAULTS)
     return model
 
 

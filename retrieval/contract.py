@@ -27,6 +27,12 @@ USER = "user_id"
 
 MAPPINGS = ("train", "validation", "test")
 
+# item attributes (prepare_dataset --item_attributes): the spec's metadata entry, and its file
+# in the dataset directory: `table` int64 [items + 1, max per item], row r the attribute ids
+# 1..A of item row r, 0-padded (row 0 all 0); `raw_ids` int64 [A], the file's id of each
+ATTRIBUTES = "item_attributes"
+ATTRIBUTES_FILE = "item_attributes.npz"
+
 
 def _check_aligned(spec: FeatureSpec) -> None:
     """Timestamps, when present, are one per item: the same dimensions as the item sequence."""

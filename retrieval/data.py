@@ -4,9 +4,13 @@ whole mappings as numpy in the left-padded layout (retrieval.contract).
 A mapping's rows (read_sequences): `item_ids` int64 [b, length + 1] left-padded
 with 0, most recent item last, the row's target its last column (train rows: every column's
 next one is its target); rows longer than length + 1 keep their most recent items;
-`timestamps` int64 of the same shape when the spec has them; `user_id` int64 [b]."""
+`timestamps` int64 of the same shape when the spec has them; `user_id` int64 [b].
+
+Item attributes (item_attributes): the table prepare_dataset --item_attributes wrote (its
+layout in retrieval/contract.py), checked against the spec."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,7 +18,8 @@ import numpy as np
 from core.columnar import open_reader
 from core.feature_spec import DynamicSpec, FeatureSpec
 from core.sources import DatasetError, length_key, load_spec
-from retrieval.contract import ITEM_CHANNEL, RETRIEVAL_CONTRACT, TIMESTAMP_CHANNEL, left_padded
+from retrieval.contract import (ATTRIBUTES, ATTRIBUTES_FILE, ITEM_CHANNEL, RETRIEVAL_CONTRACT,
+                                TIMESTAMP_CHANNEL, left_padded)
 
 
 class RetrievalDataError(DatasetError):
@@ -71,3 +76,30 @@ def _left_padded(spec: FeatureSpec, batch: dict, length: int) -> dict:
     for name in _sequences(spec):
         batch[name] = left_padded(batch[name], batch.pop(length_key(name)), length + 1)
     return batch
+
+
+@dataclass(frozen=True)
+class ItemAttributes:
+    """table: int64 [items + 1, M], row r item row r's attribute ids 1..count, 0-padded."""
+    table: np.ndarray
+    count: int
+
+
+def item_attributes(spec: FeatureSpec):
+    """The dataset's item attributes, or None when it has none."""
+    meta = (spec.metadata or {}).get(ATTRIBUTES)
+    if meta is None:
+        return None
+    path = os.path.join(spec.base_directory, meta.get("file", ATTRIBUTES_FILE))
+    try:
+        with np.load(path) as arrays:
+            table = arrays["table"]
+    except (OSError, KeyError, ValueError) as e:
+        raise RetrievalDataError(f"{path}: cannot read the item attributes' table "
+                                 f"({getattr(e, 'strerror', None) or e})") from None
+    count, shape = int(meta["attributes"]), (catalogue(spec).items + 1, meta["max_per_item"])
+    if table.shape != shape or table.min() < 0 or table.max() > count or table[0].any():
+        raise RetrievalDataError(f"{path}: expected a table of shape {shape} holding "
+                                 f"attribute ids 0..{count} (row 0 all 0), found shape "
+                                 f"{table.shape}, ids {table.min()}..{table.max()}")
+    return ItemAttributes(table.astype(np.int64), count)

@@ -43,9 +43,9 @@ from core.sources import load_spec
 from retrieval import export
 from retrieval.batches import RowBatches
 from retrieval.contract import RETRIEVAL_CONTRACT
-from retrieval.data import catalogue, read_sequences
+from retrieval.data import catalogue, item_attributes, read_sequences
 from retrieval.metrics import results_record
-from retrieval.model import MODELS, Encoder, RetrievalConfig
+from retrieval.model import CHECKPOINT_DEFAULTS, MODELS, Encoder, RetrievalConfig
 from retrieval.trainer import ITEM_IDS, LOSSES, TIMESTAMPS, NEGATIVES, RetrievalTrainer
 from training import checkpoint, loop, outputs
 from training.engine import DEFAULT_DIVERGENCE_FACTOR
@@ -72,6 +72,9 @@ flags.DEFINE_float("dropout_rate", 0.3, "Dropout of the embedded input and every
                    "branch, in [0, 1)", lower_bound=0.0)
 flags.DEFINE_float("attention_dropout", 0.0, "Dropout of the attention weights, in [0, 1)",
                    lower_bound=0.0)
+flags.DEFINE_bool("item_attributes", False, "An item's vector (read and scored) is its "
+                  "embedding plus the mean of its attributes' embeddings (a dataset prepared "
+                  "with --item_attributes)")
 flags.DEFINE_bool("normalize", True, "Score L2-normalised vectors (divided by "
                   "--temperature)")
 flags.DEFINE_float("temperature", 0.05, "Scores are divided by this (> 0)", lower_bound=0.0)
@@ -147,13 +150,29 @@ def paths() -> dict:
             "saved_model": os.path.join(out, "saved_model")}
 
 
-def model_config(spec) -> RetrievalConfig:
+def model_config(spec, attributes=None) -> RetrievalConfig:
     items = catalogue(spec)
     return RetrievalConfig(
         model=F.model, items=items.items, length=F.max_sequence_length, width=F.embedding_dim,
         blocks=F.num_blocks, heads=F.num_heads, dropout=F.dropout_rate,
         attention_dropout=F.attention_dropout, timestamps=items.timestamps,
-        normalize=F.normalize, temperature=F.temperature, seed=F.seed)
+        normalize=F.normalize, temperature=F.temperature,
+        attributes=attributes.count if attributes else 0, seed=F.seed)
+
+
+def attributes_of(spec):
+    """The dataset's item attributes when --item_attributes asks for them (else None)."""
+    if not F.item_attributes:
+        return None
+    found = item_attributes(spec)
+    if found is None:
+        raise ValueError(f"--item_attributes: the dataset {F.dataset_dir} has no item "
+                         f"attributes (retrieval.prepare_dataset --item_attributes FILE.json "
+                         f"writes them)")
+    if catalogue(spec).dynamic is not None:
+        raise ValueError("--item_attributes needs a static item table: a dynamic one (raw "
+                         "ids) gives items their rows only while it trains")
+    return found
 
 
 def rows(spec, mapping: str, length: int) -> dict:
@@ -211,8 +230,8 @@ def train(trainer, data, spec, comm, logger) -> None:
 def restore(trainer, path: str, comm) -> dict:
     return checkpoint.restore_replica(path, trainer.named_state(), trainer.named_state(),
                                       trainer.model.config.checkpoint_shape(),
-                                      trainer.optimizer, dynamic_tables=trainer.dynamic_tables(),
-                                      comm=comm)
+                                      trainer.optimizer, CHECKPOINT_DEFAULTS,
+                                      trainer.dynamic_tables(), comm=comm)
 
 
 def evaluate_kept(trainer, spec, comm, logger) -> None:
@@ -245,13 +264,14 @@ def check_table_fits(items: int, width: int) -> None:
                          f"retrieval.prepare_dataset --ids map (or --ids raw)")
 
 
-def run(spec, comm, logger) -> None:
+def run(spec, attributes, comm, logger) -> None:
     items = catalogue(spec)
     if items.dynamic is not None and comm.size > 1:
         raise ValueError("a dynamic item table (raw ids) trains in one process: every rank "
                          "would map other ids to its rows")
     check_table_fits(items.items, F.embedding_dim)
-    model = Encoder(model_config(spec), items.dynamic)
+    model = Encoder(model_config(spec, attributes), items.dynamic,
+                    attributes.table if attributes else None)
     data = (RowBatches(rows(spec, "train", model.config.length), F.batch_size, comm,
                        shuffle_seed=F.seed) if F.mode == "train" else None)
     trainer = RetrievalTrainer(model, comm, learning_rate(len(data) if data else 1),
@@ -327,6 +347,7 @@ def work() -> None:
     if F.lr is None:
         F.lr = RECIPE_LR[F.model]
     spec = with_dynamic_flags(load_spec(F.dataset_dir, RETRIEVAL_CONTRACT, F.feature_spec))
+    attributes = attributes_of(spec)  # refused before anything is written
     with outputs.claimed(comm, written_paths()):
         if F.mode == "train":
             start_or_refuse(comm)
@@ -334,7 +355,7 @@ def work() -> None:
                           enabled=comm.rank == 0)
         logger.parameters({f.name: f.value
                            for f in F.get_flags_for_module(sys.modules[__name__])})
-        run(spec, comm, logger)
+        run(spec, attributes, comm, logger)
         if F.mode == "train" and comm.rank == 0:
             plot_log.plot(where["log"], where["curves"])
         logger.close()

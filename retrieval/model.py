@@ -10,6 +10,10 @@ blocks of causal multi-head softmax attention and a ReLU feed-forward, each a re
 HSTU (Zhai et al., 2024; Meta's generative-recommenders): item embedding * sqrt(d) + a
 learned position, then the HSTU layers of core/hstu.py (their equations are there), causal,
 with the relative-position bias and, when the data has timestamps, the time-gap bias.
+
+Item attributes (config.attributes > 0): an item's vector, wherever the model reads or scores
+it, is its row of the item table plus the mean of its attributes' rows of an attribute table
+(A + 1 rows, row 0 the padding, never read).
 """
 from __future__ import annotations
 
@@ -38,20 +42,43 @@ class RetrievalConfig:
     timestamps: bool = False  # HSTU: a time-gap bias as well as the position bias
     normalize: bool = False   # L2-normalised history and item vectors
     temperature: float = 1.0  # scores divided by this
+    attributes: int = 0       # A: attribute ids 1..A of the items (0: no attribute table)
     seed: int = 0
 
     def checkpoint_shape(self) -> dict:
         """What a checkpoint must match to be loaded into this model."""
         return {k: v for k, v in asdict(self).items()
-                if k in ("model", "items", "length", "width", "blocks", "heads", "timestamps")}
+                if k in ("model", "items", "length", "width", "blocks", "heads", "timestamps",
+                         "attributes")}
+
+
+# checkpoint_shape fields that checkpoints written before them lack, with the value they had
+CHECKPOINT_DEFAULTS = {"attributes": 0}
+
+
+def attribute_means(attributes: np.ndarray, count: int) -> tf.SparseTensor:
+    """[items + 1, count + 1] sparse: row r weighs each attribute id of item row r by 1/(its
+    number of ids), so that it times the attribute table is each item's mean attribute row
+    (no [items, M, d] gather); an item without attributes gets 0.
+
+    The mean, not the sum: items have 1 to 6 attributes (a brand, categories), and the mean
+    keeps their part of the item vector on one scale beside the item's own row whatever the
+    count."""
+    rows, columns = np.nonzero(attributes)
+    per_row = np.bincount(rows, minlength=len(attributes))
+    return tf.sparse.reorder(tf.SparseTensor(
+        np.stack([rows, attributes[rows, columns]], 1).astype(np.int64),
+        (1.0 / per_row[rows]).astype(np.float32), [len(attributes), count + 1]))
 
 
 class Encoder(tf.Module):
     """The item table, the positions and the blocks of one model. `encode` gives every
     position's history vector; `scores` compares history vectors with the whole catalogue."""
 
-    def __init__(self, config: RetrievalConfig, dynamic_spec=None):
-        """dynamic_spec: a DynamicSpec makes the item table dynamic (raw ids)."""
+    def __init__(self, config: RetrievalConfig, dynamic_spec=None, attributes=None):
+        """dynamic_spec: a DynamicSpec makes the item table dynamic (raw ids); attributes:
+        int [items + 1, M], row r the attribute ids 1..config.attributes of item row r,
+        0-padded (with config.attributes > 0 only)."""
         super().__init__(name=config.model)
         if config.model not in MODELS:
             raise ValueError(f"--model must be one of {list(MODELS)}, found {config.model!r}")
@@ -79,6 +106,15 @@ class Encoder(tf.Module):
             self.blocks.append(block)
         self.final_norm = (w.constant("final_norm/scale", [c.width], 1.0),
                            w.constant("final_norm/offset", [c.width], 0.0))
+        if (attributes is not None) != (c.attributes > 0) or (
+                c.attributes and dynamic_spec is not None):
+            raise ValueError("item attributes need a static item table, their ids and their "
+                             "count (config.attributes) together")
+        if c.attributes:
+            self.attributes = w.normal("attribute_embeddings", [c.attributes + 1, c.width],
+                                       c.width ** -0.5)
+            self.attributes[0].assign(tf.zeros([c.width]))  # the padding: no attribute
+            self.attribute_means = attribute_means(attributes, c.attributes)
         self.named = w.variables
         self.dynamic = None if dynamic_spec is None else DynamicTable(
             c.items + 1, dynamic_spec, "dynamic_items")
@@ -117,7 +153,7 @@ class Encoder(tf.Module):
         c = self.config
         valid = tf.cast(ids > 0, tf.float32)[:, :, None]
         # fewer than L columns: the most recent ones (left padding cut), at their positions
-        x = tf.nn.embedding_lookup(self.items, ids) * (c.width ** 0.5) + \
+        x = tf.nn.embedding_lookup(self.item_vectors(), ids) * (c.width ** 0.5) + \
             self.positions[c.length - tf.shape(ids)[1]:]
         x = dropout(x, c.dropout, seed, 1) * valid
         # key j is visible from query i when j <= i and j holds an item (or is i itself, so
@@ -164,9 +200,16 @@ class Encoder(tf.Module):
                           lambda g: dropout(g, c.dropout, seed, key + 1))
 
     # ---- scoring ---------------------------------------------------------------------------
+    def item_vectors(self):
+        """[N + 1, d] every row's item vector, as read and scored: its row of the item table,
+        plus the mean of its attributes' rows when the model has attributes."""
+        if not self.config.attributes:
+            return self.items
+        return self.items + tf.sparse.sparse_dense_matmul(self.attribute_means, self.attributes)
+
     def catalogue(self):
         """[N, d] the items 1..N as scored (row 0, the padding, is never a candidate)."""
-        items = self.items[1:]
+        items = self.item_vectors()[1:]
         return tf.math.l2_normalize(items, -1) if self.config.normalize else items
 
     def queries(self, vectors):

@@ -2,7 +2,7 @@
 
   python -m retrieval.prepare_dataset --src FILE --format lines|pairs|csv --dst DIR
       [--ids dense|map|raw] [--max_length 200] [--capacity N] [--csv_columns NAMES]
-      [--overwrite]
+      [--item_attributes FILE.json] [--overwrite]
 
 Layouts (--format):
   lines  one line per user: `user item item ...` (whitespace separated, oldest first)
@@ -30,11 +30,23 @@ map: any tokens mapped to 1..N in the order the file first names them (DIR/item_
 DIR/user_ids.tsv: `id<TAB>raw`); raw: integer ids kept as they are (any int64 but 0, the
 padding), the item feature dynamic with a capacity of --capacity rows (default: twice the
 distinct items). Users are integers (dense: positive) unless --ids map.
+
+Item attributes (--item_attributes, S3-Rec's *_item2attributes.json: brand and categories):
+a JSON object, item id (as the interactions write it) -> list of integer attribute ids. An
+item's ids count once each (the file's order kept); an item without an entry has none; a key
+naming no catalogue item (map: an item the interactions lack; dense: an id beyond the largest)
+is ignored and counted. Attribute ids are renumbered 1..A in increasing order (0: padding),
+over the catalogue's items. Written to DIR/item_attributes.npz: `table` int64
+[catalogue + 1, M] (row r: item row r's attribute ids, 0-padded on the right; row 0 all 0; M
+the most an item has) and `raw_ids` int64 [A] (the file's id of 1..A); the spec's
+metadata.item_attributes holds file, source, attributes (A), max_per_item (M),
+items_with_attributes, ignored_keys. Not with --ids raw (rows are given at training time).
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import json
 import os
 import re
 import sys
@@ -234,6 +246,81 @@ def _ids(tokens: list, places, place: str, src: str, what: str, mode: str):
     return ids, None
 
 
+# ---- item attributes ------------------------------------------------------------------------
+class _Pairs(list):
+    """A JSON object as its (key, value) pairs in file order (a repeated key stays visible)."""
+
+
+def _json_object(path: str) -> list:
+    try:
+        with open(path, encoding="utf-8") as f:
+            found = json.load(f, object_pairs_hook=_Pairs)
+    except OSError as e:
+        raise PrepareError(f"--item_attributes {path}: cannot read it ({e.strerror})") from None
+    except UnicodeDecodeError as e:
+        raise PrepareError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except json.JSONDecodeError as e:
+        raise PrepareError(f"{path}: not JSON (line {e.lineno} column {e.colno}: {e.msg})") \
+            from None
+    if not isinstance(found, _Pairs):
+        raise PrepareError(f"{path}: expected a JSON object (item id -> list of attribute "
+                           f"ids), found {type(found).__name__ if found is not None else 'null'}")
+    return found
+
+
+def _shown(value) -> str:
+    text = json.dumps(dict(value) if isinstance(value, _Pairs) else value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _attribute_list(path: str, key: str, value) -> list:
+    """An entry's attribute ids, each once, in the file's order."""
+    fine = type(value) is list and all(  # not _Pairs: an object is not a list
+        type(a) is int and _INT64[0] <= a <= _INT64[1] for a in value)
+    if not fine:
+        raise PrepareError(f"{path}: item '{key}': expected a list of integer attribute ids, "
+                           f"found {_shown(value)}")
+    return list(dict.fromkeys(value))
+
+
+def _attribute_row(path: str, key: str, ids: str, catalogue: int, rows_of: dict):
+    """The catalogue row an entry's key names, or None for an item the interactions lack."""
+    if ids == "map":
+        return rows_of.get(key)
+    if _INTEGER.fullmatch(key) is None or int(key) <= 0:
+        raise PrepareError(f"{path}: key '{key}': expected a positive integer item id "
+                           f"(--ids dense), found '{key}'")
+    return int(key) if int(key) <= catalogue else None
+
+
+def read_attributes(path: str, ids: str, catalogue: int, item_names=None) -> tuple:
+    """(table int64 [catalogue + 1, M]: row r the dense attribute ids 1..A of catalogue row r,
+    0-padded on the right, row 0 all 0; the raw attribute id of each of 1..A; the keys
+    ignored: items the interactions lack)."""
+    rows_of = {name: row for row, name in enumerate(item_names or (), 1)}
+    listed, named, ignored = {}, {}, 0
+    for key, value in _json_object(path):
+        attributes = _attribute_list(path, key, value)
+        row = _attribute_row(path, key, ids, catalogue, rows_of)
+        if row is None:
+            ignored += 1
+        elif row in listed:
+            raise PrepareError(f"{path}: key '{key}' names item {row} again (first as key "
+                               f"'{named[row]}'); expected one entry per item")
+        else:
+            listed[row], named[row] = attributes, key
+    raw = sorted({a for attributes in listed.values() for a in attributes})
+    if not raw:
+        raise PrepareError(f"{path}: no attribute for any item of the interactions ("
+                           f"{len(named)} of its keys name one, {ignored} name none); is "
+                           f"--ids right?")
+    dense = {a: i for i, a in enumerate(raw, 1)}
+    table = np.zeros((catalogue + 1, max(map(len, listed.values()))), np.int64)
+    for row, attributes in listed.items():
+        table[row, :len(attributes)] = [dense[a] for a in attributes]
+    return table, np.array(raw, np.int64), ignored
+
+
 # ---- grouping and the split -----------------------------------------------------------------
 def _first_repeat(keys: np.ndarray):
     """(index of the first key seen before, index of its first occurrence) or None."""
@@ -297,11 +384,15 @@ def _gather(values: np.ndarray, first: np.ndarray, lengths: np.ndarray) -> np.nd
 
 # ---- the command ----------------------------------------------------------------------------
 class _Writer(ColumnarWriter):
-    """The parquet writer, plus text files (the id dictionaries) in the same staged output."""
+    """The parquet writer, plus text files (the id dictionaries) and numpy arrays (the item
+    attributes) in the same staged output."""
 
     def add_text(self, name: str, text: str) -> None:
         with open(os.path.join(self._output.tmp_dir, name), "w", encoding="utf-8") as f:
             f.write(text)
+
+    def add_arrays(self, name: str, **arrays) -> None:
+        np.savez(os.path.join(self._output.tmp_dir, name), **arrays)
 
 
 def _dictionary(tokens: list) -> str:
@@ -323,7 +414,7 @@ def _check_dense_catalogue(src: str, catalogue: int, distinct: int) -> None:
 
 def prepare(src: str, layout: str, dst: str, ids: str = "dense",
             max_length: int = DEFAULT_MAX_LENGTH, capacity: int = None, overwrite=False,
-            csv_columns=None):
+            csv_columns=None, item_attributes: str = None):
     """Write the dataset; returns its FeatureSpec (metadata: counts, see the module doc)."""
     if layout not in FORMATS:
         raise PrepareError(f"--format must be one of {list(FORMATS)}, found '{layout}'")
@@ -334,6 +425,9 @@ def prepare(src: str, layout: str, dst: str, ids: str = "dense",
     if capacity is not None and (ids != "raw" or capacity < 1):
         raise PrepareError(f"--capacity is the dynamic table's rows of --ids raw (>= 1); "
                            f"found {capacity} with --ids {ids}")
+    if item_attributes is not None and ids == "raw":
+        raise PrepareError("--item_attributes needs --ids dense or map: with --ids raw the "
+                           "item table gives ids their rows only at training time")
     if not os.path.isfile(src):
         raise PrepareError(f"--src {src}: no such file")
     actions = {"lines": read_lines, "pairs": read_pairs}[layout](src) if layout != "csv" \
@@ -373,6 +467,12 @@ def prepare(src: str, layout: str, dst: str, ids: str = "dense",
                 "truncated_rows": truncated}
     if ids == "raw":
         metadata["capacity"] = catalogue
+    if item_attributes is not None:
+        table, raw, ignored = read_attributes(item_attributes, ids, catalogue, item_names)
+        metadata[contract.ATTRIBUTES] = {
+            "file": contract.ATTRIBUTES_FILE, "source": os.path.abspath(item_attributes),
+            "attributes": int(raw.size), "max_per_item": int(table.shape[1]),
+            "items_with_attributes": int((table[:, 0] > 0).sum()), "ignored_keys": ignored}
     spec = contract.retrieval_spec(catalogue, max_length, stamps is not None, metadata,
                                    DynamicSpec() if ids == "raw" else None)
     lock = OutputLock(dst)  # one writer at a time; it finishes what killed ones left
@@ -384,6 +484,8 @@ def prepare(src: str, layout: str, dst: str, ids: str = "dense",
         with writer:
             for mapping in contract.MAPPINGS:
                 writer.write(mapping, columns[mapping])
+            if item_attributes is not None:
+                writer.add_arrays(contract.ATTRIBUTES_FILE, table=table, raw_ids=raw)
             if ids == "map":
                 writer.add_text(ITEM_IDS_FILE, _dictionary(item_names))
                 writer.add_text(USER_IDS_FILE, _dictionary(user_names))
@@ -402,7 +504,16 @@ def summary(spec) -> str:
             f"{short['train_only_two_items']} with 2 items train only, "
             f"{short['no_train_row_three_items']} with 3 items without a train row; "
             f"rows truncated to {m['max_length'] + 1} items: "
-            + ", ".join(f"{k} {v}" for k, v in m["truncated_rows"].items()))
+            + ", ".join(f"{k} {v}" for k, v in m["truncated_rows"].items())
+            + _attributes_summary(m.get(contract.ATTRIBUTES)))
+
+
+def _attributes_summary(a) -> str:
+    if a is None:
+        return ""
+    return (f"; item attributes: {a['attributes']} distinct, {a['items_with_attributes']} "
+            f"items with some (at most {a['max_per_item']}), {a['ignored_keys']} keys ignored "
+            f"(items not in the interactions)")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -426,11 +537,15 @@ def main(argv=None) -> int:
                         f"{CAPACITY_FACTOR} x the distinct items)")
     p.add_argument("--csv_columns", default=None,
                    help="a header-less csv's column names, comma separated")
+    p.add_argument("--item_attributes", default=None,
+                   help="a JSON object: item id -> list of attribute ids (S3-Rec's "
+                        "*_item2attributes.json)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
     a = p.parse_args(argv)
     names = [c.strip() for c in a.csv_columns.split(",")] if a.csv_columns else None
     return run_cli(lambda: summary(prepare(a.src, a.format, a.dst, a.ids, a.max_length,
-                                           a.capacity, a.overwrite, names)))
+                                           a.capacity, a.overwrite, names,
+                                           a.item_attributes)))
 
 
 if __name__ == "__main__":
