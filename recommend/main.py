@@ -44,7 +44,7 @@ from recommend.stages import Candidates, load_retrieval, training_pairs
 from recommend.trainer import TRAINING_FEATURES, RankingTrainer
 from retrieval.batches import RowBatches
 from retrieval.contract import RETRIEVAL_CONTRACT
-from retrieval.data import read_sequences
+from retrieval.data import read_sequences, requested_item_attributes
 from retrieval.metrics import ranking_metrics, results_record
 from training import checkpoint, loop, outputs
 from training.selection import best_state_path
@@ -65,6 +65,8 @@ flags.DEFINE_integer("num_blocks", 2, "HSTU layers (--ranker hstu)", lower_bound
 flags.DEFINE_integer("num_heads", 1, "HSTU heads (--ranker hstu)", lower_bound=1)
 flags.DEFINE_bool("start_from_retrieval", False, "Start the ranker's item table from the "
                   "retrieval model's (else its own draw: a second view of the items)")
+flags.DEFINE_bool("item_attributes", False, "The ranker's item vectors add the mean of the "
+                  "item's attributes' rows (a dataset prepared with --item_attributes)")
 flags.DEFINE_float("dropout_rate", 0.2, "Dropout of the ranker's head input, in [0, 1)",
                    lower_bound=0.0)
 flags.DEFINE_float("lr", 0.003, "Adam's learning rate, > 0, decayed linearly to zero over "
@@ -204,13 +206,19 @@ def evaluate_kept(trainer, evaluation: dict, comm, logger) -> dict:
     return final
 
 
+def attributes_of(spec):
+    """The dataset's item attributes when --item_attributes asks for them (else None)."""
+    return requested_item_attributes(spec, F.dataset_dir) if F.item_attributes else None
+
+
 def run(spec, comm, logger) -> None:
     retrieval = load_retrieval(F.retrieval_dir, spec)
-    c = retrieval.config
+    c, attributes = retrieval.config, attributes_of(spec)
     ranker = Ranker(RankerConfig(ranker=F.ranker, items=c.items, length=c.length, width=c.width,
-                                 blocks=F.num_blocks, heads=F.num_heads,
-                                 dropout=F.dropout_rate, seed=F.seed),
-                    retrieval.items.numpy() if F.start_from_retrieval else None)
+                                 blocks=F.num_blocks, heads=F.num_heads, dropout=F.dropout_rate,
+                                 attributes=attributes.count if attributes else 0, seed=F.seed),
+                    retrieval.items.numpy() if F.start_from_retrieval else None,
+                    attributes.table if attributes else None)
     stage = Candidates(retrieval, min(F.candidates, c.items - 1), F.eval_batch_size)
     data = batches(training_rows(spec, stage, c.length, logger), comm, TRAINING_FEATURES,
                    F.seed, F.batch_size) if F.mode == "train" else None

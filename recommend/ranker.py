@@ -1,7 +1,8 @@
 """The ranking stage: scores a history's K retrieved candidates, all in one pass.
 
     e(i)         the ranker's item table: its own (--start_from_retrieval: the retrieval
-                 model's, same width)
+                 model's, same width); with --item_attributes, plus the mean of the item's
+                 attributes' rows of the ranker's attribute table (retrieval/model.py's rule)
     hstu:  u_c = the SIM family's HSTU ranker's output for candidate c (sim/hstu.py: M-FALCON,
                  the history then the K candidate tokens, none reading another)
     din:   u_c = DIN's attention pool of the history by candidate c (sim/blocks.py's
@@ -24,6 +25,7 @@ import tensorflow as tf
 
 from core.hstu import dropout
 from core.layers import MLP
+from retrieval.model import attribute_means
 from sim.blocks import AttentionUnit, apply_mlp, attention_pool
 from sim.hstu import HstuRanker
 
@@ -41,6 +43,7 @@ class RankerConfig:
     blocks: int = 2       # hstu
     heads: int = 1        # hstu
     dropout: float = 0.2  # on the head's input
+    attributes: int = 0   # A: the items' attribute ids 1..A (0: no attribute table)
     seed: int = 1
 
     def checkpoint_shape(self) -> dict:
@@ -48,9 +51,12 @@ class RankerConfig:
 
 
 class Ranker(tf.Module):
-    def __init__(self, config: RankerConfig, item_table: np.ndarray = None):
+    def __init__(self, config: RankerConfig, item_table: np.ndarray = None,
+                 attributes: np.ndarray = None):
         """item_table: [items + 1, width] float32, the table the ranker's starts from (None:
-        its own seeded draw, as retrieval's table starts)."""
+        its own seeded draw, as retrieval's table starts); attributes: int [items + 1, M],
+        row r item row r's attribute ids 1..config.attributes, 0-padded (when
+        config.attributes > 0)."""
         super().__init__(name="ranker")
         if config.ranker not in RANKERS:
             raise ValueError(f"--ranker must be one of {list(RANKERS)}, found {config.ranker!r}")
@@ -61,6 +67,14 @@ class Ranker(tf.Module):
         self.items = tf.Variable(np.asarray(item_table, np.float32), name="item_embeddings")
         self.retrieval_weight = tf.Variable(1.0, name="retrieval_weight")
         self.dot_weight = tf.Variable(0.0, name="dot_weight")
+        if (attributes is not None) != (c.attributes > 0):
+            raise ValueError("the ranker's item attributes need their ids and their count")
+        if c.attributes:
+            rng = np.random.default_rng([c.seed, 98])
+            table = rng.standard_normal((c.attributes + 1, c.width)) * c.width ** -0.5
+            table[0] = 0  # the padding: no attribute
+            self.attributes = tf.Variable(table.astype(np.float32), name="attribute_embeddings")
+            self.attribute_means = attribute_means(attributes, c.attributes)
         self.seen_weight = tf.Variable(0.0, name="seen_weight")
         if c.ranker == "hstu":
             self.encoder = HstuRanker(c.width, c.length, c.blocks, c.heads, c.seed, 100, "hstu")
@@ -72,15 +86,23 @@ class Ranker(tf.Module):
         self.named = {"item_embeddings": self.items, "retrieval_weight": self.retrieval_weight,
                       "dot_weight": self.dot_weight, "seen_weight": self.seen_weight,
                       **self.encoder.named_variables(c.ranker),
-                      **self.head.named_variables("head")}
+                      **self.head.named_variables("head"),
+                      **({"attribute_embeddings": self.attributes} if c.attributes else {})}
+
+    def item_vectors(self):
+        """[items + 1, width]: each row's e(i)."""
+        if not self.config.attributes:
+            return self.items
+        return self.items + tf.sparse.sparse_dense_matmul(self.attribute_means, self.attributes)
 
     def __call__(self, history, candidates, retrieval_scores, seed=None,
                  compute_dtype=tf.float32):
         """history int64 [B, length] rows, candidates int64 [B, K] rows, retrieval_scores
         float32 [B, K] -> logits float32 [B, K]. seed: core.hstu.dropout's (training)."""
         mask = tf.cast(history > 0, tf.float32)
-        keys = tf.nn.embedding_lookup(self.items, history)
-        targets = tf.nn.embedding_lookup(self.items, candidates)
+        items = self.item_vectors()
+        keys = tf.nn.embedding_lookup(items, history)
+        targets = tf.nn.embedding_lookup(items, candidates)
         if self.config.ranker == "hstu":
             u = self.encoder(keys, mask, targets, compute_dtype)
         else:

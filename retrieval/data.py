@@ -103,3 +103,17 @@ def item_attributes(spec: FeatureSpec):
                                  f"attribute ids 0..{count} (row 0 all 0), found shape "
                                  f"{table.shape}, ids {table.min()}..{table.max()}")
     return ItemAttributes(table.astype(np.int64), count)
+
+
+def requested_item_attributes(spec: FeatureSpec, dataset_dir: str) -> ItemAttributes:
+    """The dataset's item attributes, which --item_attributes asked for: a ValueError when it
+    has none or its item table is dynamic (raw ids get rows only while they train)."""
+    found = item_attributes(spec)
+    if found is None:
+        raise ValueError(f"--item_attributes: the dataset {dataset_dir} has no item "
+                         f"attributes (retrieval.prepare_dataset --item_attributes FILE.json "
+                         f"writes them)")
+    if catalogue(spec).dynamic is not None:
+        raise ValueError("--item_attributes needs a static item table: a dynamic one (raw "
+                         "ids) gives items their rows only while it trains")
+    return found

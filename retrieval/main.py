@@ -43,7 +43,7 @@ from core.sources import load_spec
 from retrieval import export
 from retrieval.batches import RowBatches
 from retrieval.contract import RETRIEVAL_CONTRACT
-from retrieval.data import catalogue, item_attributes, read_sequences
+from retrieval.data import catalogue, read_sequences, requested_item_attributes
 from retrieval.metrics import results_record
 from retrieval.model import CHECKPOINT_DEFAULTS, MODELS, Encoder, RetrievalConfig
 from retrieval.trainer import ITEM_IDS, LOSSES, TIMESTAMPS, NEGATIVES, RetrievalTrainer
@@ -162,17 +162,7 @@ def model_config(spec, attributes=None) -> RetrievalConfig:
 
 def attributes_of(spec):
     """The dataset's item attributes when --item_attributes asks for them (else None)."""
-    if not F.item_attributes:
-        return None
-    found = item_attributes(spec)
-    if found is None:
-        raise ValueError(f"--item_attributes: the dataset {F.dataset_dir} has no item "
-                         f"attributes (retrieval.prepare_dataset --item_attributes FILE.json "
-                         f"writes them)")
-    if catalogue(spec).dynamic is not None:
-        raise ValueError("--item_attributes needs a static item table: a dynamic one (raw "
-                         "ids) gives items their rows only while it trains")
-    return found
+    return requested_item_attributes(spec, F.dataset_dir) if F.item_attributes else None
 
 
 def rows(spec, mapping: str, length: int) -> dict:

@@ -164,43 +164,103 @@ def test_two_processes_give_the_figures_of_one(stage_one, tmp_path):
             assert two[split][key] == pytest.approx(value, abs=1.01 / 300), (split, key)
 
 
-def test_saved_model_serves_the_two_models_run_by_hand(stage_one, tmp_path):
+def served_and_by_hand(data: str, run: str, out: str, k: int, attributes=None) -> tuple:
+    """(the SavedModel's top k of two histories, the same by hand: the retrieval encoder's
+    scores in numpy, its 10 best, the ranker's logits from OUT/checkpoint's arrays)."""
     from core.sources import load_spec
     from recommend.stages import load_retrieval
     from retrieval.contract import RETRIEVAL_CONTRACT
     from training.checkpoint import load_arrays
-    data, run = stage_one
-    out = str(tmp_path / "two_stage")
-    common = ["--dataset_dir", data, "--retrieval_dir", run, "--output_dir", out, *RANKING]
-    recommend(*common, "--epochs", "2")
-    recommend(*common, "--mode", "export", "--top_k", "4")
     served = tf.saved_model.load(os.path.join(out, "saved_model")).signatures["serving_default"]
     histories = np.array([[3, 4, 5, 6, 7, 8, 9, 10, 11, 12], [0, 0, 0, 0, 0, 0, 0, 0, 29, 30]],
                          np.int64)
     top = served(item_ids=tf.constant(histories))
-    # by hand: the retrieval encoder's scores in numpy, its 10 best, the ranker's logits
     encoder = load_retrieval(run, load_spec(data, RETRIEVAL_CONTRACT))
     recent = np.array([[0] * (8 - min(8, (h > 0).sum())) + list(h[h > 0][-8:])
                        for h in histories], np.int64)
     query = encoder.queries(encoder.encode(tf.constant(recent))[:, -1]).numpy()
     scores = query @ encoder.catalogue().numpy().T
     retrieved = np.argsort(-scores, 1, kind="stable")[:, :10] + 1
-    ranker = Ranker(RankerConfig(items=ITEMS, length=8, width=16), np.zeros((ITEMS + 1, 16)))
+    count = 0 if attributes is None else int(attributes.max())
+    ranker = Ranker(RankerConfig(items=ITEMS, length=8, width=16, attributes=count),
+                    np.zeros((ITEMS + 1, 16)), attributes)
     arrays, _ = load_arrays(os.path.join(out, "checkpoint"))
+    assert set(arrays) >= set(ranker.named)
     for name, variable in ranker.named.items():
         variable.assign(arrays[name])
     logits = ranker(tf.constant(recent), tf.constant(retrieved),
                     tf.constant(np.take_along_axis(scores, retrieved - 1, 1), tf.float32)).numpy()
-    want = np.take_along_axis(retrieved, np.argsort(-logits, 1, kind="stable")[:, :4], 1)
-    np.testing.assert_array_equal(top["top_k_ids"].numpy(), want)
-    np.testing.assert_allclose(top["top_k_scores"].numpy(), -np.sort(-logits, 1)[:, :4],
-                               rtol=1e-4, atol=1e-4)
+    want = np.take_along_axis(retrieved, np.argsort(-logits, 1, kind="stable")[:, :k], 1)
+    return top, want, -np.sort(-logits, 1)[:, :k]
+
+
+def test_saved_model_serves_the_two_models_run_by_hand(stage_one, tmp_path):
+    data, run = stage_one
+    out = str(tmp_path / "two_stage")
+    common = ["--dataset_dir", data, "--retrieval_dir", run, "--output_dir", out, *RANKING]
+    recommend(*common, "--epochs", "2")
+    recommend(*common, "--mode", "export", "--top_k", "4")
+    top, ids, logits = served_and_by_hand(data, run, out, 4)
+    np.testing.assert_array_equal(top["top_k_ids"].numpy(), ids)
+    np.testing.assert_allclose(top["top_k_scores"].numpy(), logits, rtol=1e-4, atol=1e-4)
+
+
+def test_the_rankers_items_add_the_mean_of_their_attributes():
+    """Against a twin without attributes whose item table is the augmented one, built in
+    plain Python: the history and the candidates both read the augmented vectors."""
+    rng = np.random.default_rng(4)
+    table = np.array([[0, 0], [2, 0], [0, 0], [1, 3], [3, 3], [4, 1], [0, 0]])
+    ranker = Ranker(RankerConfig(items=6, length=4, width=8, attributes=4),
+                    rng.standard_normal((7, 8)).astype(np.float32), table)
+    for variable in ranker.head.layers[-1]:
+        variable.assign(rng.standard_normal(variable.shape).astype(np.float32))
+    attributes = ranker.attributes.numpy()
+    assert not attributes[0].any()
+    augmented = ranker.items.numpy().copy()
+    for row, ids in enumerate(table.tolist()):
+        ids = [a for a in ids if a]
+        if ids:
+            augmented[row] += sum(attributes[a] for a in ids) / len(ids)
+    twin = Ranker(RankerConfig(items=6, length=4, width=8), augmented)
+    for name, variable in twin.named.items():
+        if name != "item_embeddings":
+            variable.assign(ranker.named[name])
+    args = (tf.constant([[0, 1, 3, 5], [2, 4, 4, 6]], tf.int64),
+            tf.constant([[3, 4, 6], [1, 5, 2]], tf.int64),
+            tf.constant(rng.standard_normal((2, 3)), tf.float32))
+    np.testing.assert_allclose(ranker(*args).numpy(), twin(*args).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_item_attributes_train_and_serve(tmp_path):
+    """--item_attributes on a dataset prepared with them: the SavedModel's list is the
+    ranker with its attribute table run by hand."""
+    from core.sources import load_spec
+    from retrieval.contract import RETRIEVAL_CONTRACT
+    from retrieval.data import item_attributes
+    src = tmp_path / "attributes.json"
+    src.write_text(json.dumps({str(i): [i % 3 + 1, 4 + i % 2] for i in range(1, ITEMS + 1)
+                               if i % 4}))
+    data = prepare(tmp_path, "successors", successor_lines(300), "--item_attributes", str(src))
+    run = str(tmp_path / "retrieval")
+    retrieval("--model", "hstu", "--dataset_dir", data, "--output_dir", run, *TINY,
+              "--epochs", "1", "--max_steps", "4")
+    out = str(tmp_path / "two_stage")
+    common = ["--dataset_dir", data, "--retrieval_dir", run, "--output_dir", out, *RANKING,
+              "--item_attributes"]
+    recommend(*common, "--epochs", "1")
+    recommend(*common, "--mode", "export", "--top_k", "4")
+    assert results(out)["test"]["ndcg@10"] > 0
+    table = item_attributes(load_spec(data, RETRIEVAL_CONTRACT)).table
+    top, ids, logits = served_and_by_hand(data, run, out, 4, table)
+    np.testing.assert_array_equal(top["top_k_ids"].numpy(), ids)
+    np.testing.assert_allclose(top["top_k_scores"].numpy(), logits, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("flags,culprit", [
     (["--retrieval_dir", "/nonexistent"], "/nonexistent"),
     (["--candidates", "0"], "--candidates"),
     (["--dropout_rate", "1"], "--dropout_rate"),
+    (["--item_attributes"], "--item_attributes"),
 ])
 def test_bad_requests_end_in_one_error_line(stage_one, tmp_path, flags, culprit):
     data, run = stage_one
