@@ -19,8 +19,10 @@ DEMO_SCRIPTS = {"demo": "tools/demo.sh", "demo-wd": "tools/demo_wd.sh",
 FIGURE = r"\d+\.\d+"
 DEMO_HEADLINES = {"demo": rf"demo result: test AUC {FIGURE} over [\d,]+ rows",
                   "demo-wd": rf"demo result: test AUC {FIGURE}, MAP@12 {FIGURE}",
-                  "demo-sim": rf"demo result: test AUC SIM {FIGURE} vs DIEN {FIGURE} .*DIN.* "
-                              rf"{FIGURE}\); inference [\d,]+ samples/s",
+                  "demo-sim": rf"\nHSTU +whole history \(HSTU layers\) +{FIGURE} +\d+\n(.|\n)*"
+                              rf"demo result: test AUC SIM {FIGURE} vs DIEN {FIGURE} .*DIN.* "
+                              rf"{FIGURE}; the HSTU ranker.* {FIGURE}\); inference [\d,]+ "
+                              rf"samples/s",
                   "demo-retrieval": rf"demo result: test NDCG@10 SASRec {FIGURE} \(epoch \d+\), "
                                     rf"HSTU {FIGURE}(.|\n)*two-stage result: test NDCG@10 "
                                     rf"{FIGURE} vs HSTU retrieval alone {FIGURE}"}
