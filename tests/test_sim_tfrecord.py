@@ -121,7 +121,7 @@ def test_reference_layout_read_row_for_row(tmp_path, prebatch, batch_size):
         np.testing.assert_array_equal(got[name], values, err_msg=name)
 
 
-@pytest.mark.parametrize("model_type", ["sim", "din", "dien"])
+@pytest.mark.parametrize("model_type", ["sim", "din", "dien", "hstu"])
 def test_main_trains_on_prebatched_reference_files(tmp_path, model_type):
     """sim.main on the reference's prebatched layout (spec without a prebatch size): every
     training row read once per epoch, every test row evaluated."""
