@@ -150,7 +150,7 @@ def main() -> None:
     cpu = subprocess.run("grep -o -m1 'amx_bf16\\|avx512_bf16' /proc/cpuinfo", shell=True,
                          capture_output=True, text=True).stdout.strip() or "AVX2 only"
     name = subprocess.run("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2", shell=True,
-                          capture_output=True, text=True).stdout.strip()
+                          capture_output=True, text=True).stdout.strip().replace("(R)", "")
     header = [f"# bench/hstu_ranker_scoring.py --calls {args.calls} --rounds {args.rounds}",
               f"# {datetime.date.today()}, commit {commit}, TensorFlow {tf.__version__}, "
               f"{name}, {os.cpu_count()} vCPUs ({cpu}); load before: {uptime_before}; after: "
