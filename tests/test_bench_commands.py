@@ -39,6 +39,7 @@ TOY = {
     "dynamic_admission_memory.py": {"--steps": "2", "--capacity": "40", "--tables": "2",
                                     "--batch_size": "64", "--admission_steps": "20"},
     "recommend_latency.py": {"--requests": "3", "--rounds": "1"},
+    "hstu_ranker_scoring.py": {"--calls": "2", "--rounds": "1"},
 }
 FIGURES = r"\d\s?(%|samples/s|rows/s|lines/s|ms\b|x\b)|\"ms\": \d"
 
