@@ -56,21 +56,6 @@ class RetrievalConfig:
 CHECKPOINT_DEFAULTS = {"attributes": 0}
 
 
-def attribute_means(attributes: np.ndarray, count: int) -> tf.SparseTensor:
-    """[items + 1, count + 1] sparse: row r weighs each attribute id of item row r by 1/(its
-    number of ids), so that it times the attribute table is each item's mean attribute row
-    (no [items, M, d] gather); an item without attributes gets 0.
-
-    The mean, not the sum: items have 1 to 6 attributes (a brand, categories), and the mean
-    keeps their part of the item vector on one scale beside the item's own row whatever the
-    count."""
-    rows, columns = np.nonzero(attributes)
-    per_row = np.bincount(rows, minlength=len(attributes))
-    return tf.sparse.reorder(tf.SparseTensor(
-        np.stack([rows, attributes[rows, columns]], 1).astype(np.int64),
-        (1.0 / per_row[rows]).astype(np.float32), [len(attributes), count + 1]))
-
-
 class Encoder(tf.Module):
     """The item table, the positions and the blocks of one model. `encode` gives every
     position's history vector; `scores` compares history vectors with the whole catalogue."""
@@ -114,7 +99,13 @@ class Encoder(tf.Module):
             self.attributes = w.normal("attribute_embeddings", [c.attributes + 1, c.width],
                                        c.width ** -0.5)
             self.attributes[0].assign(tf.zeros([c.width]))  # the padding: no attribute
-            self.attribute_means = attribute_means(attributes, c.attributes)
+            self.attribute_ids = tf.constant(attributes, tf.int64)
+            present = attributes > 0
+            # the mean of an item's attributes, not the sum: items have 1 to 6 (a brand,
+            # categories), and the mean keeps their part of the item vector on one scale
+            # beside the item's own row whatever the count; an item with none adds 0
+            self.attribute_weights = tf.constant(
+                (present / np.maximum(present.sum(1, keepdims=True), 1))[..., None], tf.float32)
         self.named = w.variables
         self.dynamic = None if dynamic_spec is None else DynamicTable(
             c.items + 1, dynamic_spec, "dynamic_items")
@@ -205,7 +196,9 @@ class Encoder(tf.Module):
         plus the mean of its attributes' rows when the model has attributes."""
         if not self.config.attributes:
             return self.items
-        return self.items + tf.sparse.sparse_dense_matmul(self.attribute_means, self.attributes)
+        # a gather of [N + 1, M, d]: 2-4x faster than a sparse [N + 1, A + 1] matmul on CPU
+        return self.items + tf.reduce_sum(
+            tf.gather(self.attributes, self.attribute_ids) * self.attribute_weights, 1)
 
     def catalogue(self):
         """[N, d] the items 1..N as scored (row 0, the padding, is never a candidate)."""
