@@ -25,7 +25,7 @@ import tensorflow as tf
 
 from core.hstu import dropout
 from core.layers import MLP
-from retrieval.model import attribute_means
+from retrieval.model import AttributeMeans
 from sim.blocks import AttentionUnit, apply_mlp, attention_pool
 from sim.hstu import HstuRanker
 
@@ -74,7 +74,7 @@ class Ranker(tf.Module):
             table = rng.standard_normal((c.attributes + 1, c.width)) * c.width ** -0.5
             table[0] = 0  # the padding: no attribute
             self.attributes = tf.Variable(table.astype(np.float32), name="attribute_embeddings")
-            self.attribute_means = attribute_means(attributes, c.attributes)
+            self.attribute_means = AttributeMeans(attributes)
         self.seen_weight = tf.Variable(0.0, name="seen_weight")
         if c.ranker == "hstu":
             self.encoder = HstuRanker(c.width, c.length, c.blocks, c.heads, c.seed, 100, "hstu")
@@ -93,7 +93,7 @@ class Ranker(tf.Module):
         """[items + 1, width]: each row's e(i)."""
         if not self.config.attributes:
             return self.items
-        return self.items + tf.sparse.sparse_dense_matmul(self.attribute_means, self.attributes)
+        return self.items + self.attribute_means(self.attributes)
 
     def __call__(self, history, candidates, retrieval_scores, seed=None,
                  compute_dtype=tf.float32):
