@@ -38,8 +38,8 @@ def means(path: str, split: str) -> tuple:
 def row(name: str, source: str, figures: dict, alone: dict, bold: bool = False) -> str:
     mark = "**" if bold else ""
     cells = [f"{mark}{figures[k]:.4f}{mark}" for k, _ in COLUMNS]
-    ratio = figures["ndcg@10"] / alone["ndcg@10"]
-    return f"| {name} | {source} | " + " | ".join(cells) + f" | {ratio:.3f}x |"
+    change = 100 * (figures["ndcg@10"] / alone["ndcg@10"] - 1)
+    return f"| {name} | {source} | " + " | ".join(cells) + f" | {change:+.1f} % |"
 
 
 def table(paths: list, split: str, title: str) -> str:
@@ -51,7 +51,7 @@ def table(paths: list, split: str, title: str) -> str:
                              f"retrieval figures differ): compare runs over the same ones")
     seeds = f"mean of {count} seeds" if count > 1 else "1 seed"
     heads = " | ".join(h for _, h in COLUMNS)
-    lines = [f"**{title}**", "", f"| list | runs | {heads} | N@10 / retrieval's |",
+    lines = [f"**{title}**", "", f"| list | runs | {heads} | N@10 against retrieval's |",
              "|---|---|" + "---|" * (len(COLUMNS) + 1),
              row("retrieval alone", f"the retrieval runs reranked below, {seeds}", alone, alone)]
     lines += [row(f"two-stage: {os.path.basename(os.path.normpath(path))}", f"{path}, {seeds}",

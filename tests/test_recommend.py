@@ -296,17 +296,30 @@ def test_report_shows_each_protocol_beside_retrieval_alone(tmp_path):
     assert proc.returncode == 0, proc.stderr
     every, removed = proc.stdout.split("**Seen items removed")
     for text, index in ((every, 1), (removed, 3)):
-        rows = {line.split("|")[1].strip(): [float(c.strip().strip("*x"))
+        rows = {line.split("|")[1].strip(): [float(c.strip().strip("*%"))
                                              for c in line.split("|")[3:6]]
                 for line in text.splitlines() if line.startswith("| ") and "---" not in line
                 and "list" not in line}
         want_alone = alone[:, index].mean(0)
-        np.testing.assert_allclose(rows["retrieval alone"], [*want_alone, 1.0], atol=5e-5)
+        np.testing.assert_allclose(rows["retrieval alone"], [*want_alone, 0.0], atol=5e-5)
         for name, runs in (("mine", mine), ("other", other)):
             want = runs[:, index].mean(0)
-            np.testing.assert_allclose(rows[f"two-stage: {name}"],
-                                       [*want, want[1] / want_alone[1]], atol=5e-4)
+            *figures, change = rows[f"two-stage: {name}"]
+            np.testing.assert_allclose(figures, want, atol=5e-5)
+            assert change == pytest.approx(100 * (want[1] / want_alone[1] - 1), abs=0.05)
     write_runs(tmp_path / "elsewhere", mine, alone[::-1] * 1.1)
     proc = report(tmp_path / "mine", tmp_path / "elsewhere")
     assert proc.returncode != 0 and proc.stderr.startswith("error: ") and \
         "elsewhere" in proc.stderr and proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_the_readme_tables_are_the_report_of_the_committed_runs():
+    from conftest import ROOT, bash_lines
+    text = open(os.path.join(ROOT, "recommend", "README.md")).read()
+    section = text.split("\n## Results on Amazon Beauty", 1)[1].split("\n## ", 1)[0]
+    command = next(line for line in bash_lines(section) if "recommend.report" in line)
+    paths = command.split("recommend.report", 1)[1].split()
+    assert paths and all(p.startswith("bench/results/recommend/") for p in paths), paths
+    proc = bounded_run([sys.executable, "-m", "recommend.report", *paths], timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() in section, "recommend/README.md: tables differ from the report"
