@@ -21,17 +21,16 @@ bench/results/hstu_ranker_scoring.txt (not at BENCH_SMOKE=1, whose toy figures m
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
 import statistics
-import subprocess
 import sys
 import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rates import ROOT, SMOKE, interleaved  # noqa: E402
+from rates import (ROOT, SMOKE, interleaved, run_line, uptime,  # noqa: E402
+                   write_results)
 
 sys.path.insert(0, ROOT)
 # Amazon Books preprocessed with 20+ reviews per user (users, items, categories)
@@ -130,7 +129,7 @@ def main() -> None:
                         "round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    uptime_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    uptime_before = uptime()
     from core import runtime
     runtime.configure()
     score = scorers(ranker())
@@ -144,27 +143,14 @@ def main() -> None:
     print("\n".join(lines))
     if SMOKE:
         return
-    import tensorflow as tf
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
-    cpu = subprocess.run("grep -o -m1 'amx_bf16\\|avx512_bf16' /proc/cpuinfo", shell=True,
-                         capture_output=True, text=True).stdout.strip() or "AVX2 only"
-    name = subprocess.run("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2", shell=True,
-                          capture_output=True, text=True).stdout.strip().replace("(R)", "")
     header = [f"# bench/hstu_ranker_scoring.py --calls {args.calls} --rounds {args.rounds}",
-              f"# {datetime.date.today()}, commit {commit}, TensorFlow {tf.__version__}, "
-              f"{name}, {os.cpu_count()} vCPUs ({cpu}); load before: {uptime_before}; after: "
-              f"{subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}",
+              run_line(uptime_before),
               f"# HSTU ranker, Amazon Books tables, histories of {LENGTH}, width "
               f"{2 * EMBEDDING}, 2 blocks, 1 head; {CANDIDATES} candidates per history; "
               f"one_pass: score_candidates; per_candidate: {CANDIDATES} (history, candidate) "
               f"rows; medians over {args.rounds} rounds of each round's median of {args.calls} "
               f"calls; largest logit difference between the two {worst:.1e}"]
-    tmp = RESULTS + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("\n".join(header + lines) + "\n")
-    os.replace(tmp, RESULTS)
-    print(f"wrote {RESULTS}")
+    write_results(RESULTS, header + lines)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """What the training benchmarks share: the machine's matmul peak in float32 and bfloat16
 (measured in its own process, under the toolkit's TensorFlow settings), a step's rate as a
-fraction of the peak at its dtype, and interleaved rounds of variants with their medians.
+fraction of the peak at its dtype, interleaved rounds of variants with their medians, and
+the results file's run line (date, commit, TensorFlow, machine, load) and atomic write.
 
 A variant whose name ends in `_bf16` computes in bfloat16; every other one in float32.
 
@@ -136,3 +137,31 @@ if __name__ == "__main__":
     from core import runtime
     runtime.configure()  # the toolkit's settings (oneDNN on), as `ours` runs with
     print(json.dumps(matmul_peaks()))
+
+
+def uptime() -> str:
+    return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+
+
+def run_line(uptime_before: str) -> str:
+    """`# date, commit, TensorFlow, CPU name, vCPUs (its bf16 kind); load before and now`."""
+    import datetime
+    import tensorflow as tf
+
+    def shell(command):
+        return subprocess.run(command, shell=True, cwd=ROOT, capture_output=True,
+                              text=True).stdout.strip()
+    cpu = shell("grep -o -m1 'amx_bf16\\|avx512_bf16' /proc/cpuinfo") or "AVX2 only"
+    name = shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").replace("(R)", "")
+    return (f"# {datetime.date.today()}, commit {shell('git rev-parse --short HEAD')}, "
+            f"TensorFlow {tf.__version__}, {name}, {os.cpu_count()} vCPUs ({cpu}); load "
+            f"before: {uptime_before}; after: {uptime()}")
+
+
+def write_results(path: str, lines: list) -> None:
+    """Replaces path whole (a failed write leaves the previous figures)."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    os.replace(tmp, path)
+    print(f"wrote {path}")

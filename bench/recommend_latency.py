@@ -15,9 +15,7 @@ bench/results/recommend_latency.txt (not at BENCH_SMOKE=1, whose toy figures mea
 from __future__ import annotations
 
 import argparse
-import datetime
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -25,7 +23,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rates import ROOT, SMOKE, interleaved  # noqa: E402
+from rates import (ROOT, SMOKE, interleaved, run_line, uptime,  # noqa: E402
+                   write_results)
 
 sys.path.insert(0, ROOT)
 ITEMS, LENGTH, WIDTH, CANDIDATES = (300, 10, 16, 20) if SMOKE else (12101, 50, 64, 100)
@@ -96,7 +95,7 @@ def main() -> None:
                         "(model, batch) per round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    uptime_before = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    uptime_before = uptime()
     with tempfile.TemporaryDirectory() as directory:
         serving = exported(directory)
         loads = {b: requests(b) for b in BATCHES}
@@ -107,25 +106,12 @@ def main() -> None:
     print("\n".join(lines))
     if SMOKE:
         return
-    import tensorflow as tf
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip()
-    cpu = subprocess.run("grep -o -m1 'amx_bf16\\|avx512_bf16' /proc/cpuinfo", shell=True,
-                         capture_output=True, text=True).stdout.strip() or "AVX2 only"
-    name = subprocess.run("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2", shell=True,
-                          capture_output=True, text=True).stdout.strip()
     header = [f"# bench/recommend_latency.py --requests {args.requests} --rounds {args.rounds}",
-              f"# {datetime.date.today()}, commit {commit}, TensorFlow {tf.__version__}, "
-              f"{name}, {os.cpu_count()} vCPUs ({cpu}); load before: {uptime_before}; after: "
-              f"{subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}",
+              run_line(uptime_before),
               f"# {ITEMS:,} items, histories of {LENGTH}, width {WIDTH}; two-stage: top "
               f"{CANDIDATES} retrieved, reranked by the HSTU ranker; p50/p99 over "
               f"{args.rounds} x {args.requests} requests per row"]
-    tmp = RESULTS + ".tmp"
-    with open(tmp, "w") as f:
-        f.write("\n".join(header + lines) + "\n")
-    os.replace(tmp, RESULTS)
-    print(f"wrote {RESULTS}")
+    write_results(RESULTS, header + lines)
 
 
 if __name__ == "__main__":
