@@ -10,6 +10,14 @@ from core.parallel.comm import PeerStopped
 ERROR_STATUS = 2
 
 
+def print_error(message: str) -> None:
+    """`error: <message>` on stderr in one write: print() writes the text and its newline
+    apart, and a thread of the same process (Horovod's background loop) logging in between
+    would glue its line to ours; a write under the pipe's atomic size is never split."""
+    sys.stderr.write(f"error: {message}\n")
+    sys.stderr.flush()
+
+
 def run_cli(work, errors=(OSError, ValueError)) -> int:
     """Exit status of a tool whose `work()` returns the line to print when it succeeds (or
     None): an expected error (bad input: spec, data, flag, file) prints `error: <message>`
@@ -17,7 +25,7 @@ def run_cli(work, errors=(OSError, ValueError)) -> int:
     try:
         done = work()
     except (PeerStopped, *errors) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(str(e))
         return ERROR_STATUS
     if done is not None:
         print(done)
@@ -31,7 +39,7 @@ def parse_flags(argv: list) -> list:
     try:
         return flags.FLAGS(argv)
     except flags.Error as e:
-        print(f"error: {e}", file=sys.stderr)
+        print_error(str(e))
         sys.exit(ERROR_STATUS)
 
 

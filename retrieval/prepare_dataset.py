@@ -55,7 +55,7 @@ from dataclasses import dataclass
 import numpy as np
 import psutil
 
-from core.cli import ERROR_STATUS, run_cli
+from core.cli import ERROR_STATUS, print_error, run_cli
 from core.columnar import ColumnarWriter
 from core.feature_spec import DynamicSpec
 from core.files import OutputLock, StagedDirectory
@@ -520,7 +520,7 @@ class _Parser(argparse.ArgumentParser):
     """argparse whose usage errors are one `error:` line, as run_cli's."""
 
     def error(self, message):
-        print(f"error: {message}", file=sys.stderr)
+        print_error(message)
         sys.exit(ERROR_STATUS)
 
 

@@ -267,3 +267,28 @@ def test_wide_and_deep_and_sim_take_their_outputs_at_start(tmp_path, capsys):
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error:")]
     assert errors == [in_use(lock.path, os.getpid()) for lock in held]
     assert not os.path.exists(wd / "model" / "checkpoint") and not os.path.exists(sim / "ck")
+
+
+def test_an_error_line_is_never_glued_to_another_threads_log_line():
+    """A rank's `error:` line while a thread of the same process logs to stderr (as Horovod's
+    background loop does when a peer ends): every line comes out whole."""
+    script = """
+import os, threading
+from core.cli import print_error
+done = threading.Event()
+def log():
+    while not done.is_set():
+        os.write(2, b"E background loop: connection closed\\n")
+thread = threading.Thread(target=log)
+thread.start()
+for i in range(2000):
+    print_error(f"{i} is in use by another run")
+done.set()
+thread.join()
+"""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    lines = proc.stderr.splitlines()
+    expected = [f"error: {i} is in use by another run" for i in range(2000)]
+    assert [line for line in lines if "error" in line] == expected
+    assert set(lines) - set(expected) == {"E background loop: connection closed"}

@@ -17,11 +17,10 @@ from __future__ import annotations
 import os
 import select
 import signal
-import sys
 import threading
 import time
 
-from core.cli import ERROR_STATUS
+from core.cli import ERROR_STATUS, print_error
 
 GRACE_S = 3.0  # horovodrun sends SIGKILL 5 s after its SIGTERM
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -87,7 +86,7 @@ class StopOnSignal:
         deadline = time.monotonic() + self.grace_s
         saved = self.saving.acquire(timeout=self.grace_s)  # a write under way ends first
         if self.rank == 0:
-            print(f"error: {self.message()}", file=sys.stderr, flush=True)
+            print_error(self.message())
         self._announced.set()
         if saved:
             self.saving.release()

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import sys
 import threading
 import time
 
 import numpy as np
 import tensorflow as tf
 
+from core.cli import print_error
 from core.parallel.comm import ALLTOALL_NAMES, Communicator, PeerStopped
 
 # test hook: "RANK:STEP:SECONDS" makes that rank sleep before the collectives of that step
@@ -76,7 +76,7 @@ class StallWatch:
             time.sleep(self.period / 2)
             waiting = self.waiting
             if waiting is not None and time.monotonic() - waiting[2] > self.limit_s:
-                print(f"error: {self.report(waiting)}", file=sys.stderr, flush=True)
+                print_error(self.report(waiting))
                 os._exit(self.EXIT_STATUS)  # the main thread is blocked in the collective
 
     def report(self, waiting) -> str:
