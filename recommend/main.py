@@ -9,10 +9,12 @@ R is a retrieval.main output dir (its kept model, OUT/checkpoint, trained on DAT
 trains on the training prefixes whose next item the retrieval model puts in its top
 --candidates: it learns to move the true item up among the retrieved ones (hard negatives).
 Validation and test users get the retrieval model's top --candidates, reordered by the ranker
-(recommend/stages.py: a target outside them is a miss). Training keeps the epoch of the best validation NDCG@10 (of the
-seen-removed lists with --filter_seen) and writes OUT/results.json: retrieval.main's layout
+(recommend/stages.py: a target outside them is a miss). Training keeps the epoch of the best
+validation NDCG@10 and writes OUT/results.json: retrieval.main's layout
 ("valid", "test", "valid_filtered", "test_filtered", "best_epoch", "selected_on") of the final
-lists, and "retrieval": the retrieval model's own figures on the same users.
+lists, and "retrieval": the retrieval model's own figures on the same users. With
+--filter_seen the recommender is one of unseen items: its training lists, the lists it is
+selected on and the ones it serves hold none of the history's items.
 """
 from __future__ import annotations
 
@@ -78,8 +80,10 @@ flags.DEFINE_integer("early_stopping_patience", 1, "Stop after this many evaluat
                      "without a better validation NDCG@10 (0: never)", lower_bound=0)
 flags.DEFINE_integer("eval_batch_size", 512, "Histories scored at once (retrieval and "
                      "evaluation)", lower_bound=1)
-flags.DEFINE_bool("filter_seen", False, "Keep the epoch of the best validation NDCG@10 of the "
-                  "lists without the user's seen items (both are always reported)")
+flags.DEFINE_bool("filter_seen", False, "A recommender of unseen items: train on the top "
+                  "--candidates of the items a history does not hold, keep the epoch of the best "
+                  "validation NDCG@10 of the seen-removed lists and serve (--mode export) "
+                  "without them (both protocols are always reported)")
 flags.DEFINE_integer("top_k", 10, "--mode export: items of the final list served (at most "
                      "--candidates)", lower_bound=1)
 flags.DEFINE_bool("resume", False, "Continue the training run in --output_dir from its "
@@ -219,7 +223,8 @@ def run(spec, comm, logger) -> None:
                                  attributes=attributes.count if attributes else 0, seed=F.seed),
                     retrieval.items.numpy() if F.start_from_retrieval else None,
                     attributes.table if attributes else None)
-    stage = Candidates(retrieval, min(F.candidates, c.items - 1), F.eval_batch_size)
+    stage = Candidates(retrieval, min(F.candidates, c.items - 1), F.eval_batch_size,
+                       F.filter_seen)
     data = batches(training_rows(spec, stage, c.length, logger), comm, TRAINING_FEATURES,
                    F.seed, F.batch_size) if F.mode == "train" else None
     steps = F.epochs * len(data) if data else 0
@@ -229,7 +234,8 @@ def run(spec, comm, logger) -> None:
     if F.mode == "export":
         restore(trainer, paths()["checkpoint"], comm)
         if comm.rank == 0:
-            k = export.export(retrieval, ranker, paths()["saved_model"], stage.k, F.top_k)
+            k = export.export(retrieval, ranker, paths()["saved_model"], stage.k, F.top_k,
+                              F.filter_seen)
             logger.print(f"exported {paths()['saved_model']} (retrieval's top {stage.k} of "
                          f"{c.items} items reranked, the best {k} served)")
         return

@@ -79,12 +79,23 @@ def training_pairs(item_ids: np.ndarray, length: int) -> tuple:
     return windows[:, 1:item_ids.shape[1]][pairs], item_ids[:, 1:][pairs]
 
 
+def unseen(scores, history, targets=None):
+    """scores [n, N] with the history's items at -inf (the target, when given, kept)."""
+    hidden = seen_mask(history, tf.shape(scores)[1])
+    if targets is not None:
+        hidden &= ~(tf.one_hot(targets - 1, tf.shape(scores)[1]) > 0)
+    return tf.where(hidden, -np.inf, scores)
+
+
 class Candidates:
     """The retrieval model's scoring of histories, in batches of histories of similar length
     (each cut to its longest: few padded positions are encoded)."""
 
-    def __init__(self, model: Encoder, k: int, batch_size: int):
+    def __init__(self, model: Encoder, k: int, batch_size: int, filter_seen: bool = False):
+        """filter_seen: training lists are the top K of the unseen items (the target kept),
+        as the seen-removed protocol's final lists are."""
         self.model, self.k, self.batch_size = model, min(int(k), model.config.items), batch_size
+        self.filter_seen = filter_seen
         spec = [tf.TensorSpec([None, None], tf.int64), tf.TensorSpec([None], tf.int64)]
         self._for_training = tf.function(self._retrieved, input_signature=spec,
                                          autograph=False)
@@ -95,7 +106,9 @@ class Candidates:
 
     def _retrieved(self, history, targets):
         """The top K rows and scores, and the target's place among them (K: not there)."""
-        top = tf.math.top_k(self._scores(history), self.k)
+        scores = self._scores(history)
+        top = tf.math.top_k(unseen(scores, history, targets) if self.filter_seen else scores,
+                            self.k)
         rows = tf.cast(top.indices, tf.int64) + 1
         at = tf.equal(rows, targets[:, None])
         place = tf.where(tf.reduce_any(at, 1), tf.argmax(tf.cast(at, tf.int32), 1,
@@ -106,11 +119,8 @@ class Candidates:
         """Top-K rows and scores among every item and among the unseen ones (the target
         kept), and the target's retrieval rank under each."""
         scores = self._scores(history)
-        hidden = seen_mask(history, tf.shape(scores)[1]) & \
-            ~(tf.one_hot(targets - 1, tf.shape(scores)[1]) > 0)
-        unseen = tf.where(hidden, -np.inf, scores)
         out = {}
-        for name, s in (("", scores), ("filtered_", unseen)):
+        for name, s in (("", scores), ("filtered_", unseen(scores, history, targets))):
             top = tf.math.top_k(s, self.k)
             out.update({f"{name}candidates": tf.cast(top.indices, tf.int64) + 1,
                         f"{name}scores": top.values,

@@ -164,9 +164,11 @@ def test_two_processes_give_the_figures_of_one(stage_one, tmp_path):
             assert two[split][key] == pytest.approx(value, abs=1.01 / 300), (split, key)
 
 
-def served_and_by_hand(data: str, run: str, out: str, k: int, attributes=None) -> tuple:
+def served_and_by_hand(data: str, run: str, out: str, k: int, attributes=None,
+                       filter_seen=False) -> tuple:
     """(the SavedModel's top k of two histories, the same by hand: the retrieval encoder's
-    scores in numpy, its 10 best, the ranker's logits from OUT/checkpoint's arrays)."""
+    scores in numpy, its 10 best (filter_seen: of the items the history does not hold), the
+    ranker's logits from OUT/checkpoint's arrays)."""
     from core.sources import load_spec
     from recommend.stages import load_retrieval
     from retrieval.contract import RETRIEVAL_CONTRACT
@@ -180,7 +182,11 @@ def served_and_by_hand(data: str, run: str, out: str, k: int, attributes=None) -
                        for h in histories], np.int64)
     query = encoder.queries(encoder.encode(tf.constant(recent))[:, -1]).numpy()
     scores = query @ encoder.catalogue().numpy().T
-    retrieved = np.argsort(-scores, 1, kind="stable")[:, :10] + 1
+    ranked = scores.copy()
+    if filter_seen:
+        for row, history in enumerate(histories):
+            ranked[row, history[history > 0] - 1] = -np.inf
+    retrieved = np.argsort(-ranked, 1, kind="stable")[:, :10] + 1
     count = 0 if attributes is None else int(attributes.max())
     ranker = Ranker(RankerConfig(items=ITEMS, length=8, width=16, attributes=count),
                     np.zeros((ITEMS + 1, 16)), attributes)
@@ -203,6 +209,54 @@ def test_saved_model_serves_the_two_models_run_by_hand(stage_one, tmp_path):
     top, ids, logits = served_and_by_hand(data, run, out, 4)
     np.testing.assert_array_equal(top["top_k_ids"].numpy(), ids)
     np.testing.assert_allclose(top["top_k_scores"].numpy(), logits, rtol=1e-4, atol=1e-4)
+
+
+def test_a_recommender_of_unseen_items_trains_selects_and_serves_without_them(stage_one,
+                                                                               tmp_path):
+    data, run = stage_one
+    out = str(tmp_path / "unseen")
+    common = ["--dataset_dir", data, "--retrieval_dir", run, "--output_dir", out, *RANKING,
+              "--filter_seen"]
+    recommend(*common, "--epochs", "2")
+    assert results(out)["selected_on"] == "filtered_ndcg@10"
+    recommend(*common, "--mode", "export", "--top_k", "4")
+    top, ids, logits = served_and_by_hand(data, run, out, 4, filter_seen=True)
+    np.testing.assert_array_equal(top["top_k_ids"].numpy(), ids)
+    np.testing.assert_allclose(top["top_k_scores"].numpy(), logits, rtol=1e-4, atol=1e-4)
+
+
+def test_training_lists_of_unseen_items_are_the_top_k_of_the_rest(stage_one):
+    """Candidates(filter_seen=True).training against numpy: each prefix's K best items by the
+    retrieval scores among those its history does not hold, the target kept; a prefix whose
+    target is not among them is left out."""
+    from core.sources import load_spec
+    from recommend.stages import Candidates, load_retrieval
+    from retrieval.contract import RETRIEVAL_CONTRACT
+    data, run = stage_one
+    encoder = load_retrieval(run, load_spec(data, RETRIEVAL_CONTRACT))
+    rng = np.random.default_rng(5)
+    histories = np.zeros((40, 8), np.int64)
+    for row in histories:  # repeats included: a seen item may come back as the target
+        n = rng.integers(1, 9)
+        row[8 - n:] = rng.integers(1, ITEMS + 1, n)
+    targets = np.where(rng.random(40) < 0.3, histories[:, -1], rng.integers(1, ITEMS + 1, 40))
+    k = 6
+    got = Candidates(encoder, k, batch_size=16, filter_seen=True).training(histories, targets)
+    query = encoder.queries(encoder.encode(tf.constant(histories))[:, -1]).numpy()
+    scores = query @ encoder.catalogue().numpy().T
+    kept = []
+    for i, (history, target) in enumerate(zip(histories, targets)):
+        hidden = np.setdiff1d(history[history > 0], [target]) - 1
+        order = np.argsort(-np.where(np.isin(np.arange(ITEMS), hidden), -np.inf, scores[i]),
+                           kind="stable")[:k] + 1
+        if target in order:
+            kept.append((history, order, int(np.flatnonzero(order == target)[0])))
+    assert 0 < len(kept) < 40
+    np.testing.assert_array_equal(got["history"], [h for h, _, _ in kept])
+    np.testing.assert_array_equal(got["label"], [label for _, _, label in kept])
+    # near ties may order apart: the sets
+    for (history, order, _), candidates in zip(kept, got["candidates"]):
+        assert set(candidates) == set(order)
 
 
 def test_the_rankers_items_add_the_mean_of_their_attributes():
