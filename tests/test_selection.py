@@ -237,3 +237,15 @@ def test_held_out_test_data_is_evaluated_once_at_the_kept_state():
     assert calls == [8]  # the state kept after epoch 1, not the last one (16)
     assert final["test_auc"] == 0.08 and final["test_loss"] == 0.3 and final["test_samples"] == 7
     assert final["auc"] == 0.80  # the validation figure that chose it
+
+
+def test_the_kept_evaluation_is_named_with_its_own_protocols_figures():
+    """Selected on the seen-removed lists: their hit rate is shown beside their NDCG, the
+    figures of the other protocol only after."""
+    selection = Selection("filtered_ndcg@10")
+    figures = {"ndcg@10": 0.05, "hr@10": 0.10, "filtered_ndcg@10": 0.07, "filtered_hr@10": 0.11}
+    selection.update(figures, epoch=2, step=30)
+    assert selection.text() == ("epoch 2 (step 30): filtered_ndcg@10 0.070000  "
+                                "filtered_hr@10 0.110000  hr@10 0.100000")
+    assert loop.metrics_text(figures, selection.shown()) == (
+        "hr@10 0.100000  ndcg@10 0.050000  filtered_ndcg@10 0.070000  filtered_hr@10 0.110000")

@@ -117,8 +117,9 @@ def test_key(key: str) -> str:
     return TEST_KEYS.get(key, f"test_{key}")
 
 
-def metrics_text(metrics: dict) -> str:
-    return "  ".join(f"{k} {metrics[k]:.6f}" for k in SHOWN if k in metrics)
+def metrics_text(metrics: dict, also=()) -> str:
+    return "  ".join(f"{k} {metrics[k]:.6f}" for k in dict.fromkeys((*SHOWN, *also))
+                     if k in metrics)
 
 
 def log_result(logger, title: str, metrics: dict) -> None:
@@ -238,7 +239,8 @@ class _Run:
         was_stopped = self.selection.stopped_early
         improved = select and self.selection.update(metrics, self.epoch, self.step)
         self.logger.print(f"eval at step {self.step} (epoch {self.epoch}): "
-                          f"{metrics_text(metrics)}{self._selection_text(select, improved)}")
+                          f"{metrics_text(metrics, self.selection.shown())}"
+                          f"{self._selection_text(select, improved)}")
         if improved and self.config.keep_best:
             self.selection.kept_at = best_state_path(self.checkpoints.path)
             self._save_to(self.selection.kept_at, "the best state's barrier")

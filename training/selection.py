@@ -68,8 +68,13 @@ class Selection:
                    dict(saved["best_figures"]), saved["since_best"], saved["stopped_early"],
                    saved["kept_at"])
 
+    def shown(self) -> tuple:
+        """The selection metric with its list protocol's hit rate (filtered_ndcg@10:
+        filtered_hr@10), then the figures every family shows."""
+        return tuple(dict.fromkeys((self.metric, self.metric.replace("ndcg@", "hr@"), "auc",
+                                    "map12", "hr@10", "validation_loss")))
+
     def text(self) -> str:
-        shown = dict.fromkeys((self.metric, "auc", "map12", "hr@10", "validation_loss"))
-        figures = "  ".join(f"{k} {self.best_figures[k]:.6f}" for k in shown
+        figures = "  ".join(f"{k} {self.best_figures[k]:.6f}" for k in self.shown()
                             if k in self.best_figures)
         return f"epoch {self.best_epoch} (step {self.best_step}): {figures}"
