@@ -105,10 +105,15 @@ def item_attributes(spec: FeatureSpec):
     return ItemAttributes(table.astype(np.int64), count)
 
 
-def requested_item_attributes(spec: FeatureSpec, dataset_dir: str) -> ItemAttributes:
-    """The dataset's item attributes, which --item_attributes asked for: a ValueError when it
-    has none or its item table is dynamic (raw ids get rows only while they train)."""
+def requested_item_attributes(spec: FeatureSpec, dataset_dir: str, asked=True):
+    """The dataset's item attributes as --item_attributes asks: True, a ValueError when it
+    has none or its item table is dynamic (raw ids get rows only while they train); False,
+    None; None (not given), the dataset's when it has them and a static table."""
+    if asked is False:
+        return None
     found = item_attributes(spec)
+    if asked is None:
+        return found if catalogue(spec).dynamic is None else None
     if found is None:
         raise ValueError(f"--item_attributes: the dataset {dataset_dir} has no item "
                          f"attributes (retrieval.prepare_dataset --item_attributes FILE.json "

@@ -34,7 +34,7 @@ from absl import app, flags
 
 from core import plot_log
 from core.cli import exit_process, parse_flags, run_cli
-from core.dllog import DLLogger
+from core.dllog import DLLogger, read_log
 from core.dynamic_flags import define_dynamic_flags, with_dynamic_flags
 from core.files import FileError, atomic_write_text, write_error
 from core.optimizers import LearningRateSchedule
@@ -72,9 +72,10 @@ flags.DEFINE_float("dropout_rate", 0.3, "Dropout of the embedded input and every
                    "branch, in [0, 1)", lower_bound=0.0)
 flags.DEFINE_float("attention_dropout", 0.0, "Dropout of the attention weights, in [0, 1)",
                    lower_bound=0.0)
-flags.DEFINE_bool("item_attributes", False, "An item's vector (read and scored) is its "
+flags.DEFINE_bool("item_attributes", None, "An item's vector (read and scored) is its "
                   "embedding plus the mean of its attributes' embeddings (a dataset prepared "
-                  "with --item_attributes)")
+                  "with --item_attributes). Default: on when the dataset has attributes "
+                  "(Beauty's validation: bench/results/retrieval/beauty_choices)")
 flags.DEFINE_bool("normalize", True, "Score L2-normalised vectors (divided by "
                   "--temperature)")
 flags.DEFINE_float("temperature", 0.05, "Scores are divided by this (> 0)", lower_bound=0.0)
@@ -161,8 +162,25 @@ def model_config(spec, attributes=None) -> RetrievalConfig:
 
 
 def attributes_of(spec):
-    """The dataset's item attributes when --item_attributes asks for them (else None)."""
-    return requested_item_attributes(spec, F.dataset_dir) if F.item_attributes else None
+    """The dataset's item attributes when --item_attributes asks for them (else None); not
+    given, an existing run (eval, export, --resume) keeps what its log records. The flag is
+    then set to what was chosen, as the run's log records it."""
+    asked = F.item_attributes
+    if asked is None and (F.mode != "train" or F.resume):
+        asked = logged_attributes_choice()
+    attributes = requested_item_attributes(spec, F.dataset_dir, asked)
+    F.item_attributes = attributes is not None
+    return attributes
+
+
+def logged_attributes_choice():
+    """--item_attributes as the run in --output_dir logged it (None: no such record)."""
+    try:
+        records = read_log(paths()["log"])
+    except (OSError, ValueError):
+        return None
+    found = [r["data"] for r in records if r.get("type") == "PARAMETER"]
+    return found[0].get("item_attributes") if found else None
 
 
 def rows(spec, mapping: str, length: int) -> dict:

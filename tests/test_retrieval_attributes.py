@@ -334,3 +334,25 @@ def test_asked_on_a_dataset_without_attributes_is_one_line(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 2 and lines[-1].startswith("error: --item_attributes"), lines
     assert "has no item attributes" in lines[-1] and not out.exists()
+
+
+def test_a_dataset_with_attributes_trains_with_them_unless_told_not_to(trained, tmp_path):
+    """The flag's default follows the dataset; the log records what was used, which is what
+    recommend.main rebuilds the retrieval model from."""
+    from core.dllog import read_log
+    command = [a for a in trained["train"] if a != "--item_attributes"]
+    at = command.index("--output_dir") + 1
+    used = {}
+    for name, extra in (("default", []), ("off", ["--noitem_attributes"])):
+        out = str(tmp_path / name)
+        run(command[:at] + [out] + command[at + 1:] + ["--max_steps", "2"] + extra)
+        logged = [r["data"] for r in read_log(os.path.join(out, "log.json"))
+                  if r.get("type") == "PARAMETER"][0]
+        used[name] = (logged["item_attributes"], "attribute_embeddings" in checkpoint_arrays(out))
+    assert used == {"default": (True, True), "off": (False, False)}
+    # the run without them is evaluated without them (its log says so), unless told otherwise
+    evaluate = command[:at] + [str(tmp_path / "off")] + command[at + 1:] + ["--mode", "eval"]
+    run(evaluate)
+    proc = bounded_run(evaluate + ["--item_attributes"], timeout=300, cwd=ROOT)
+    assert proc.returncode == 2 and "attribute" in proc.stderr.strip().splitlines()[-1], \
+        proc.stderr[-2000:]
