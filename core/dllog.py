@@ -77,3 +77,9 @@ def read_log(path: str) -> list:
             if line.startswith(PREFIX):
                 records.append(json.loads(line[len(PREFIX):]))
     return records
+
+
+def logged_parameters(path: str) -> dict:
+    """The parameters a run logged first (its PARAMETER record's data; {} when it has none)."""
+    found = [r["data"] for r in read_log(path) if r.get("type") == "PARAMETER"]
+    return found[0] if found else {}

@@ -17,7 +17,7 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from core.dllog import read_log
+from core.dllog import logged_parameters
 from retrieval.data import catalogue, item_attributes
 from retrieval.metrics import seen_mask, target_ranks
 from retrieval.model import CHECKPOINT_DEFAULTS, Encoder, RetrievalConfig
@@ -32,16 +32,15 @@ def retrieval_parameters(directory: str) -> dict:
     """The flags a retrieval.main training run logged (OUT/log.json's PARAMETER record)."""
     log = os.path.join(directory, "log.json")
     try:
-        records = read_log(log)
+        parameters = logged_parameters(log)
     except (OSError, ValueError) as e:
         raise RetrievalRunError(f"--retrieval_dir {directory}: cannot read {log} "
                                 f"({getattr(e, 'strerror', None) or e}): is it a "
                                 f"retrieval.main output dir?") from None
-    found = [r["data"] for r in records if r.get("type") == "PARAMETER"]
-    if not found or "model" not in found[0]:
+    if "model" not in parameters:
         raise RetrievalRunError(f"--retrieval_dir {directory}: {log} holds no retrieval.main "
                                 f"parameters")
-    return found[0]
+    return parameters
 
 
 def load_retrieval(directory: str, spec) -> Encoder:

@@ -34,7 +34,7 @@ from absl import app, flags
 
 from core import plot_log
 from core.cli import exit_process, parse_flags, run_cli
-from core.dllog import DLLogger, read_log
+from core.dllog import DLLogger, logged_parameters
 from core.dynamic_flags import define_dynamic_flags, with_dynamic_flags
 from core.files import FileError, atomic_write_text, write_error
 from core.optimizers import LearningRateSchedule
@@ -176,11 +176,9 @@ def attributes_of(spec):
 def logged_attributes_choice():
     """--item_attributes as the run in --output_dir logged it (None: no such record)."""
     try:
-        records = read_log(paths()["log"])
+        return logged_parameters(paths()["log"]).get("item_attributes")
     except (OSError, ValueError):
         return None
-    found = [r["data"] for r in records if r.get("type") == "PARAMETER"]
-    return found[0].get("item_attributes") if found else None
 
 
 def rows(spec, mapping: str, length: int) -> dict:
