@@ -2,6 +2,7 @@
 process ends on it."""
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
@@ -30,6 +31,14 @@ def run_cli(work, errors=(OSError, ValueError)) -> int:
     if done is not None:
         print(done)
     return 0
+
+
+class ArgumentParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one `error:` line, as run_cli's."""
+
+    def error(self, message):
+        print_error(message)
+        sys.exit(ERROR_STATUS)
 
 
 def parse_flags(argv: list) -> list:

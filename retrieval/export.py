@@ -11,7 +11,8 @@ item table the ids are raw ids (any int64 but 0, negative included), and only ro
 an id are candidates (a table holding fewer than k fills the rest with id 0 at score -inf). A second signature, `encode`, gives the history vectors
 (`query`, as scored) for an external nearest-neighbour index over `item_embeddings.npz`
 (written beside the SavedModel's variables: `ids` int64 [N], `embeddings` float32 [N, d], the
-catalogue as scored).
+catalogue as scored). `--index faiss` also writes an approximate nearest-neighbour index of
+it there (retrieval/index.py), which `retrieval.serve` answers from.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import numpy as np
 import tensorflow as tf
 
 from core.files import StagedDirectory, write_error
+from retrieval import index
 from training.export import export_error
 
 EMBEDDINGS_FILE = "item_embeddings.npz"
@@ -85,9 +87,11 @@ class Retriever(tf.Module):
                 "top_k_scores": scores, "unknown_ids": unknown}
 
 
-def export(model, output_path: str, k: int) -> int:
+def export(model, output_path: str, k: int, index_queries=None):
     """Writes through a staged directory: a failed write leaves the previous export. Returns
-    the k served (at most the catalogue)."""
+    (the k served (at most the catalogue), the index's meta or None). index_queries: query
+    vectors [q, d] (as `encode` gives them) to build and check an approximate index with
+    (retrieval/index.py), or None: no index."""
     if model.dynamic is not None:  # the id -> row map travels with the model
         model.dynamic.freeze()
     retriever = Retriever(model, k)
@@ -99,11 +103,16 @@ def export(model, output_path: str, k: int) -> int:
             tf.saved_model.save(retriever, staged.tmp_dir,
                                 signatures={"serving_default": retriever.top_k,
                                             "encode": retriever.encode})
+            embeddings = tf.gather(model.catalogue(), rows - 1).numpy()
             np.savez(os.path.join(staged.tmp_dir, EMBEDDINGS_FILE),
                      ids=model.item_ids(tf.constant(rows, tf.int64)).numpy(),
-                     embeddings=tf.gather(model.catalogue(), rows - 1).numpy())
+                     embeddings=embeddings)
+            meta = None
+            if index_queries is not None:
+                built, meta = index.build(embeddings, index_queries, retriever.k)
+                index.write(built, meta, staged.tmp_dir)
     except tf.errors.OpError as e:
         raise export_error(output_path, e.message) from None
     except OSError as e:  # the embeddings file on a full disk
         raise write_error(output_path, e) from None
-    return retriever.k
+    return retriever.k, meta

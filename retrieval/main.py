@@ -40,13 +40,14 @@ from core.files import FileError, atomic_write_text, write_error
 from core.optimizers import LearningRateSchedule
 from core.parallel.comm import make_communicator
 from core.sources import load_spec
-from retrieval import export
+from retrieval import export, index
 from retrieval.batches import RowBatches
 from retrieval.contract import RETRIEVAL_CONTRACT
 from retrieval.data import catalogue, read_sequences, requested_item_attributes
 from retrieval.metrics import results_record
 from retrieval.model import CHECKPOINT_DEFAULTS, MODELS, Encoder, RetrievalConfig
-from retrieval.trainer import ITEM_IDS, LOSSES, TIMESTAMPS, NEGATIVES, RetrievalTrainer
+from retrieval.trainer import (ITEM_IDS, LOSSES, NEGATIVES, TIMESTAMPS, RetrievalTrainer,
+                               evaluated, with_rows)
 from training import checkpoint, loop, outputs
 from training.engine import DEFAULT_DIVERGENCE_FACTOR
 from training.selection import best_state_path
@@ -99,11 +100,18 @@ flags.DEFINE_integer("early_stopping_patience", 6, "Stop after this many evaluat
                      "without a better validation NDCG@10 (0: never)", lower_bound=0)
 flags.DEFINE_integer("eval_batch_size", 1024, "Users scored at once in an evaluation",
                      lower_bound=1)
+flags.DEFINE_integer("eval_users", 0, "Evaluate on a seeded sample of this many users (the "
+                     "same in validation and test) instead of all (0): each one's full ranking "
+                     "costs a pass over the catalogue", lower_bound=0)
 flags.DEFINE_bool("filter_seen", False, "Keep the epoch of the best validation NDCG@10 with "
                   "the user's seen items removed (the target kept); without it, of every item "
                   "ranked (the published tables' protocol). Both are always reported")
 flags.DEFINE_integer("top_k", 100, "--mode export: items the SavedModel returns per history",
                      lower_bound=1)
+flags.DEFINE_enum("index", "none", ["none", "faiss"], "--mode export: also write an "
+                  "approximate nearest-neighbour index of the catalogue (faiss HNSW), its "
+                  "recall@top_k against the brute force measured on validation histories; "
+                  "retrieval.serve answers from it")
 define_dynamic_flags("item_ids (or 'all'): the item table learns its "
                      "ids (raw ids, open vocabulary; prepare_dataset --ids raw marks it so)")
 flags.DEFINE_bool("resume", False, "Continue the training run in --output_dir from its "
@@ -187,6 +195,32 @@ def rows(spec, mapping: str, length: int) -> dict:
             if k in (ITEM_IDS, TIMESTAMPS)}
 
 
+def sampled(found: dict, count: int) -> dict:
+    """A seeded sample of `count` rows (all when count is 0 or more than there are), in their
+    order: validation and test hold the same users in the same order, so the same users."""
+    n = len(found[ITEM_IDS])
+    if not count or count >= n:
+        return found
+    picked = np.sort(np.random.default_rng(0).permutation(n)[:count])
+    return {k: v[picked] for k, v in found.items()}
+
+
+def evaluation_rows(spec, mapping: str, length: int) -> dict:
+    return sampled(rows(spec, mapping, length), F.eval_users)
+
+
+INDEX_QUERIES = 2000  # validation histories the index's recall is measured on
+
+
+def index_queries(model, spec):
+    """Query vectors (as `encode` gives them) of a seeded sample of validation histories."""
+    history = sampled(rows(spec, "validation", model.config.length), INDEX_QUERIES)
+    features = {k: tf.constant(v) for k, v in history.items()}
+    history, _ = evaluated(with_rows(model, features))
+    vectors = model.encode(history[ITEM_IDS], history.get(TIMESTAMPS))[:, -1]
+    return model.queries(vectors).numpy()
+
+
 def selection_metric() -> str:
     return "filtered_ndcg@10" if F.filter_seen else "ndcg@10"
 
@@ -212,7 +246,7 @@ def train(trainer, data, spec, comm, logger) -> None:
     if F.resume or F.warm_start:
         resumed = restore(trainer, where["checkpoint"], comm)
         position = resumed if F.resume else position
-    validation, test = (RowBatches(rows(spec, m, length), F.eval_batch_size, comm)
+    validation, test = (RowBatches(evaluation_rows(spec, m, length), F.eval_batch_size, comm)
                         for m in ("validation", "test"))
 
     def save(path, position):
@@ -248,7 +282,7 @@ def evaluate_kept(trainer, spec, comm, logger) -> None:
     final = {"best_epoch": chosen.get("best_epoch", position["epoch"]),
              "selected_on": chosen.get("metric", selection_metric())}
     for mapping, prefix in (("validation", ""), ("test", "test_")):
-        batches = RowBatches(rows(spec, mapping, trainer.model.config.length),
+        batches = RowBatches(evaluation_rows(spec, mapping, trainer.model.config.length),
                              F.eval_batch_size, comm)
         figures = trainer.evaluate(batches.epoch())
         loop.log_result(logger, mapping, figures)
@@ -292,10 +326,12 @@ def run(spec, attributes, comm, logger) -> None:
     else:
         restore(trainer, paths()["checkpoint"], comm)
         if comm.rank == 0:
-            k = export.export(model, paths()["saved_model"], F.top_k)
+            queries = index_queries(model, spec) if F.index == "faiss" else None
+            k, built = export.export(model, paths()["saved_model"], F.top_k, queries)
             capped = f"; --top_k {F.top_k} is capped at the catalogue" if k < F.top_k else ""
             logger.print(f"exported {paths()['saved_model']} (top {k} of "
-                         f"{model.config.items} items{capped}) and its item embeddings")
+                         f"{model.config.items} items{capped}) and its item embeddings"
+                         + (f"; {index.summary(built)}" if built else ""))
 
 
 def written_paths() -> list:

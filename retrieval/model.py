@@ -72,8 +72,12 @@ class AttributeMeans:
         self.weights = tf.constant(
             (present / np.maximum(present.sum(1, keepdims=True), 1))[..., None], tf.float32)
 
-    def __call__(self, table):
-        return tf.reduce_sum(tf.gather(table, self.ids) * self.weights, 1)
+    def __call__(self, table, rows=None):
+        """Every item row's mean, or those of item rows `rows` (any shape) -> [*rows.shape, d]."""
+        ids, weights = self.ids, self.weights
+        if rows is not None:
+            ids, weights = tf.gather(ids, rows), tf.gather(weights, rows)
+        return tf.reduce_sum(tf.gather(table, ids) * weights, -2)
 
 
 class Encoder(tf.Module):
@@ -158,7 +162,7 @@ class Encoder(tf.Module):
         c = self.config
         valid = tf.cast(ids > 0, tf.float32)[:, :, None]
         # fewer than L columns: the most recent ones (left padding cut), at their positions
-        x = tf.nn.embedding_lookup(self.item_vectors(), ids) * (c.width ** 0.5) + \
+        x = self.item_vectors(ids) * (c.width ** 0.5) + \
             self.positions[c.length - tf.shape(ids)[1]:]
         x = dropout(x, c.dropout, seed, 1) * valid
         # key j is visible from query i when j <= i and j holds an item (or is i itself, so
@@ -205,17 +209,29 @@ class Encoder(tf.Module):
                           lambda g: dropout(g, c.dropout, seed, key + 1))
 
     # ---- scoring ---------------------------------------------------------------------------
-    def item_vectors(self):
-        """[N + 1, d] every row's item vector, as read and scored: its row of the item table,
-        plus the mean of its attributes' rows when the model has attributes."""
+    def item_vectors(self, rows=None):
+        """Item vectors as read and scored: an item's row of the item table, plus the mean of
+        its attributes' rows when the model has attributes. rows=None: every row's [N + 1, d];
+        else those of `rows` (any shape), gathered: their gradient is rows of the tables."""
+        if rows is None:
+            items = self.items
+        else:
+            items = tf.nn.embedding_lookup(self.items, rows)
         if not self.config.attributes:
-            return self.items
-        return self.items + self.attribute_means(self.attributes)
+            return items
+        return items + self.attribute_means(self.attributes, rows)
+
+    def _as_scored(self, vectors):
+        return tf.math.l2_normalize(vectors, -1) if self.config.normalize else vectors
 
     def catalogue(self):
         """[N, d] the items 1..N as scored (row 0, the padding, is never a candidate)."""
-        items = self.item_vectors()[1:]
-        return tf.math.l2_normalize(items, -1) if self.config.normalize else items
+        return self._as_scored(self.item_vectors()[1:])
+
+    def scored_items(self, rows):
+        """catalogue()'s vectors of item rows `rows` (1..N, any shape), computed for those
+        rows only: a sampled loss's cost and gradient follow the batch, not the catalogue."""
+        return self._as_scored(self.item_vectors(rows))
 
     def queries(self, vectors):
         """History vectors as scored: normalised, over the temperature."""

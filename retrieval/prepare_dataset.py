@@ -44,7 +44,6 @@ items_with_attributes, ignored_keys. Not with --ids raw (rows are given at train
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import json
 import os
@@ -55,7 +54,7 @@ from dataclasses import dataclass
 import numpy as np
 import psutil
 
-from core.cli import ERROR_STATUS, print_error, run_cli
+from core.cli import ArgumentParser, run_cli
 from core.columnar import ColumnarWriter
 from core.feature_spec import DynamicSpec
 from core.files import OutputLock, StagedDirectory
@@ -449,32 +448,57 @@ def prepare(src: str, layout: str, dst: str, ids: str = "dense",
         catalogue = len(item_names)
     else:
         catalogue = int(capacity or CAPACITY_FACTOR * distinct)
-    width = max_length + 1
-    short = short_user_counts(counts)
-    columns, truncated = {}, {}
-    for mapping, (user, end) in split_rows(counts).items():
-        lengths = np.minimum(end, width)
-        first = starts[user] + end - lengths
-        truncated[mapping] = int((end > width).sum())
-        columns[mapping] = {contract.ITEMS: (_gather(items, first, lengths), lengths),
-                            contract.USER: user_of[user]}
-        if stamps is not None:
-            columns[mapping][contract.TIMESTAMPS] = (_gather(stamps, first, lengths), lengths)
     metadata = {"source": os.path.abspath(src), "format": layout, "ids": ids,
                 "users": int(counts.size), "items": catalogue, "distinct_items": distinct,
-                "interactions": int(item_ids.size), "max_length": int(max_length),
-                "timestamps": stamps is not None, "short_users": short,
-                "truncated_rows": truncated}
+                "interactions": int(item_ids.size)}
     if ids == "raw":
         metadata["capacity"] = catalogue
+    arrays, texts = {}, {}
     if item_attributes is not None:
         table, raw, ignored = read_attributes(item_attributes, ids, catalogue, item_names)
         metadata[contract.ATTRIBUTES] = {
             "file": contract.ATTRIBUTES_FILE, "source": os.path.abspath(item_attributes),
             "attributes": int(raw.size), "max_per_item": int(table.shape[1]),
             "items_with_attributes": int((table[:, 0] > 0).sum()), "ignored_keys": ignored}
-    spec = contract.retrieval_spec(catalogue, max_length, stamps is not None, metadata,
-                                   DynamicSpec() if ids == "raw" else None)
+        arrays[contract.ATTRIBUTES_FILE] = {"table": table, "raw_ids": raw}
+    if ids == "map":
+        texts = {ITEM_IDS_FILE: _dictionary(item_names), USER_IDS_FILE: _dictionary(user_names)}
+    return write_sequences(dst, Sequences(items, starts, counts, user_of, stamps), catalogue,
+                           max_length, metadata, ids == "raw", overwrite, arrays, texts)
+
+
+@dataclass(frozen=True)
+class Sequences:
+    """Every user's actions, user by user, oldest first: user u's items are
+    items[starts[u]:starts[u] + counts[u]] (timestamps alike, or None), its id user_of[u]."""
+    items: np.ndarray
+    starts: np.ndarray
+    counts: np.ndarray
+    user_of: np.ndarray
+    timestamps: np.ndarray = None
+
+
+def write_sequences(dst: str, sequences: Sequences, catalogue: int, max_length: int,
+                    metadata: dict, dynamic: bool = False, overwrite: bool = False,
+                    arrays: dict = None, texts: dict = None):
+    """The dataset of these users' sequences (leave-one-out, the module doc) in dst, with
+    metadata (the split's counts added), numpy files {name: {key: array}} and text files
+    {name: text} beside it; returns its FeatureSpec."""
+    s, width = sequences, max_length + 1
+    columns, truncated = {}, {}
+    for mapping, (user, end) in split_rows(s.counts).items():
+        lengths = np.minimum(end, width)
+        first = s.starts[user] + end - lengths
+        truncated[mapping] = int((end > width).sum())
+        columns[mapping] = {contract.ITEMS: (_gather(s.items, first, lengths), lengths),
+                            contract.USER: s.user_of[user]}
+        if s.timestamps is not None:
+            columns[mapping][contract.TIMESTAMPS] = (_gather(s.timestamps, first, lengths),
+                                                     lengths)
+    metadata = dict(metadata, max_length=int(max_length), timestamps=s.timestamps is not None,
+                    short_users=short_user_counts(s.counts), truncated_rows=truncated)
+    spec = contract.retrieval_spec(catalogue, max_length, s.timestamps is not None, metadata,
+                                   DynamicSpec() if dynamic else None)
     lock = OutputLock(dst)  # one writer at a time; it finishes what killed ones left
     lock.acquire()
     try:
@@ -484,11 +508,10 @@ def prepare(src: str, layout: str, dst: str, ids: str = "dense",
         with writer:
             for mapping in contract.MAPPINGS:
                 writer.write(mapping, columns[mapping])
-            if item_attributes is not None:
-                writer.add_arrays(contract.ATTRIBUTES_FILE, table=table, raw_ids=raw)
-            if ids == "map":
-                writer.add_text(ITEM_IDS_FILE, _dictionary(item_names))
-                writer.add_text(USER_IDS_FILE, _dictionary(user_names))
+            for name, contents in (arrays or {}).items():
+                writer.add_arrays(name, **contents)
+            for name, text in (texts or {}).items():
+                writer.add_text(name, text)
     finally:
         lock.release()
     return writer.spec
@@ -516,16 +539,8 @@ def _attributes_summary(a) -> str:
             f"(items not in the interactions)")
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse whose usage errors are one `error:` line, as run_cli's."""
-
-    def error(self, message):
-        print_error(message)
-        sys.exit(ERROR_STATUS)
-
-
 def main(argv=None) -> int:
-    p = _Parser(description=__doc__.splitlines()[0])
+    p = ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--src", required=True, help="the interaction file")
     p.add_argument("--format", required=True, choices=FORMATS, help="its layout")
     p.add_argument("--dst", required=True, help="output dataset directory")

@@ -62,9 +62,8 @@ def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, c
         log_q = tf.math.log(tf.cast(counts, tf.float32) / tf.cast(tf.size(targets), tf.float32))
         target_log_q = tf.gather(log_q, position)
     queries = tf.cast(model.queries(vectors), compute_dtype)
-    table = model.catalogue()
-    positive = tf.reduce_sum(tf.cast(queries, tf.float32) * tf.gather(table, targets - 1), -1)
-    negative = tf.cast(tf.matmul(queries, tf.cast(tf.gather(table, sampled - 1), compute_dtype),
+    positive = tf.reduce_sum(tf.cast(queries, tf.float32) * model.scored_items(targets), -1)
+    negative = tf.cast(tf.matmul(queries, tf.cast(model.scored_items(sampled), compute_dtype),
                                  transpose_b=True), tf.float32) - log_q
     negative = tf.where(tf.equal(targets[:, None], sampled[None, :]), -1e9, negative)
     logits = tf.concat([(positive - target_log_q)[:, None], negative], 1)
@@ -103,6 +102,9 @@ class RetrievalTask:
         self.model, self.seed, self.sampled = model, seed, loss == "sampled"
         self.negatives, self.num_negatives = negatives, num_negatives
         self.dense_variables = dict(model.named)
+        # a sampled loss reads the item (and attribute) tables by gathers: their gradient is
+        # the rows a step touched, updated lazily, so a step's cost follows the batch
+        self.row_updated = ("item_embeddings", "attribute_embeddings") if self.sampled else ()
         self.new_rows_hooks = []  # (table, rows): rows a dynamic table gave to new ids
 
     @staticmethod

@@ -23,6 +23,9 @@ nothing is evaluated, saved or exported after a divergence.
 
 A family supplies a task object with:
   dense_variables: dict  name -> tf.Variable (summed across ranks)
+  row_updated (optional): names of dense variables updated in the rows their gradient holds
+      when it is rows (tf.IndexedSlices: the loss read them by gathers only), as tables are
+      (e.g. retrieval's item table under a sampled loss); any other dense gradient is dense
   tables, lookup_collectives: table_bookkeeping(declarations), one TableDeclaration per table
       (or piece) this rank holds, in a fixed order: which tables are replicated, routed or
       dynamic, their rare-row sums and their routed lookups' collectives follow from it
@@ -181,6 +184,7 @@ class Trainer:
         self.loss_scale = make_loss_scale(compute_dtype, loss_scale)
         self.divergence_hint, self.divergence_factor = divergence_hint, float(divergence_factor)
         self.dense_vars = dict(task.dense_variables)
+        self.row_updated = frozenset(getattr(task, "row_updated", ()))
         self.trained_tables = list(task.tables)
         self._group_of = {v.ref(): i for i, g in enumerate(self.groups) for v in g.variables}
         self.diverged_at = tf.Variable(-1, dtype=tf.int64, trainable=False, name="diverged_at")
@@ -274,14 +278,18 @@ class Trainer:
 
     def _all_finite(self, grads):
         """True on every rank, or on none: the count of non-finite values is summed."""
-        bad = tf.add_n([tf.reduce_sum(tf.cast(~tf.math.is_finite(g), tf.float32))
-                        for g in grads])
+        bad = tf.add_n([tf.reduce_sum(tf.cast(~tf.math.is_finite(getattr(g, "values", g)),
+                                              tf.float32)) for g in grads])
         return tf.equal(self.comm.allreduce_sum(bad, name="nonfinite_count"), 0.0)
 
     def _apply(self, dense_grads, table_grads, learning_rates):
-        for var, grad in zip(self.dense_vars.values(), dense_grads):
+        for (name, var), grad in zip(self.dense_vars.items(), dense_grads):
             group = self._group_of[var.ref()]
-            self.groups[group].optimizer.apply_dense(var, grad, learning_rates[group])
+            optimizer, rate = self.groups[group].optimizer, learning_rates[group]
+            if isinstance(grad, tf.IndexedSlices) and name in self.row_updated:
+                optimizer.apply_sparse(var, grad, rate)
+            else:
+                optimizer.apply_dense(var, grad, rate)
         for table, grad in zip(self.trained_tables, table_grads):
             group = self._group_of[table.variable.ref()]
             distinct = table.distinct_rows and not (table.replicated and self.comm.size > 1)
