@@ -38,13 +38,15 @@ def held_rows(model, ids):
 
 def most_recent(ids, length: int, values=None):
     """Each row's non-zero ids (and the matching `values`), most recent last, left-padded or
-    cut to `length` columns."""
+    cut to `length` columns. Dense ops only (a stable sort moves the kept ids right), so XLA
+    compiles it with the encoder."""
     keep = ids > 0
-    out = []
-    for x in (ids, values) if values is not None else (ids,):
-        newest_first = tf.reverse(tf.ragged.boolean_mask(x, keep), axis=[1])
-        dense = newest_first.to_tensor(default_value=0, shape=[None, length])
-        out.append(tf.reverse(dense, axis=[1]))
+    order = tf.argsort(tf.cast(keep, tf.int32), axis=1, stable=True)
+    kept = tf.gather(keep, order, batch_dims=1)
+    pad = [[0, 0], [tf.maximum(length - tf.shape(ids)[1], 0), 0]]
+    out = [tf.pad(tf.where(kept, tf.gather(x, order, batch_dims=1), tf.zeros_like(x)),
+                  pad)[:, -length:]
+           for x in ((ids, values) if values is not None else (ids,))]
     return out if values is not None else out[0]
 
 
@@ -52,6 +54,9 @@ class Retriever(tf.Module):
     def __init__(self, model, k: int):
         super().__init__(name="retriever")
         self.model, self.k = model, min(int(k), model.config.items)
+        # the catalogue as scored, computed once here rather than at every request
+        # (normalisation and attribute means over every item: most of a request's time)
+        self.scored = tf.Variable(model.catalogue(), trainable=False, name="scored_catalogue")
         spec = tf.TensorSpec([None, None], tf.int64)
         # the signatures' input names are the functions' argument names
         if model.config.timestamps:
@@ -68,21 +73,27 @@ class Retriever(tf.Module):
     def _query(self, item_ids, timestamps=None):
         """(query vectors, unknown ids per history): the ids looked up first, so an id the
         table lacks never takes a position of the model's window."""
-        length = self.model.config.length
         rows = held_rows(self.model, item_ids)
         unknown = tf.reduce_sum(tf.cast((item_ids != 0) & (rows == 0), tf.int64), 1)
+        return self._history_vectors(rows, timestamps), unknown
+
+    @tf.function(jit_compile=True, autograph=False)
+    def _history_vectors(self, rows, timestamps=None):
+        """The encoder over each row's most recent rows, compiled by XLA: one history's
+        query costs a third of the op-by-op graph's (many small ops)."""
+        length = self.model.config.length
         if timestamps is None:
             rows, times = most_recent(rows, length), None
         else:
             rows, times = most_recent(rows, length, timestamps)
-        return self.model.encode(rows, times)[:, -1], unknown
+        return self.model.encode(rows, times)[:, -1]
 
     def _encode(self, *inputs):
         return {"query": self.model.queries(self._query(*inputs)[0])}
 
     def _top_k(self, *inputs):
         vectors, unknown = self._query(*inputs)
-        scores, at = tf.math.top_k(self.model.scores(vectors), self.k)
+        scores, at = tf.math.top_k(self.model.scores(vectors, catalogue=self.scored), self.k)
         return {"top_k_ids": self.model.item_ids(tf.cast(at, tf.int64) + 1),
                 "top_k_scores": scores, "unknown_ids": unknown}
 
@@ -103,7 +114,7 @@ def export(model, output_path: str, k: int, index_queries=None):
             tf.saved_model.save(retriever, staged.tmp_dir,
                                 signatures={"serving_default": retriever.top_k,
                                             "encode": retriever.encode})
-            embeddings = tf.gather(model.catalogue(), rows - 1).numpy()
+            embeddings = tf.gather(retriever.scored, rows - 1).numpy()
             np.savez(os.path.join(staged.tmp_dir, EMBEDDINGS_FILE),
                      ids=model.item_ids(tf.constant(rows, tf.int64)).numpy(),
                      embeddings=embeddings)

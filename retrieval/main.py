@@ -84,9 +84,9 @@ flags.DEFINE_enum("loss", "full", list(LOSSES), "full: cross-entropy over every 
                   "sampled: sampled softmax (--negatives), for catalogues too large to score "
                   "whole at every step")
 flags.DEFINE_enum("negatives", "uniform", list(NEGATIVES), "--loss sampled: uniform draws "
-                  "of the catalogue, or the batch's other next items")
-flags.DEFINE_integer("num_negatives", 128, "--loss sampled --negatives uniform: draws per "
-                     "step", lower_bound=1)
+                  "of the catalogue, the batch's other next items, or both (mixed)")
+flags.DEFINE_integer("num_negatives", 128, "--loss sampled --negatives uniform or mixed: "
+                     "uniform draws per step", lower_bound=1)
 flags.DEFINE_float("lr", None, "Adam's learning rate, > 0 (default: the model's recipe, "
                    f"{', '.join(f'{m} {lr}' for m, lr in RECIPE_LR.items())})",
                    lower_bound=0.0)

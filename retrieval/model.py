@@ -239,11 +239,13 @@ class Encoder(tf.Module):
             vectors = tf.math.l2_normalize(vectors, -1)
         return vectors / self.config.temperature
 
-    def scores(self, vectors, compute_dtype=tf.float32):
+    def scores(self, vectors, compute_dtype=tf.float32, catalogue=None):
         """[n, d] history vectors -> [n, N] scores of rows 1..N (column i: row i + 1); rows
-        that are not candidates score -inf."""
+        that are not candidates score -inf. catalogue: catalogue()'s value, when computed
+        beforehand."""
+        catalogue = self.catalogue() if catalogue is None else catalogue
         scores = tf.cast(tf.matmul(tf.cast(self.queries(vectors), compute_dtype),
-                                   tf.cast(self.catalogue(), compute_dtype), transpose_b=True),
+                                   tf.cast(catalogue, compute_dtype), transpose_b=True),
                          tf.float32)
         candidates = self.candidates()
         return scores if candidates is None else tf.where(candidates, scores, -np.inf)

@@ -43,30 +43,42 @@ def evaluated(features: dict) -> tuple:
 
 
 LOSSES = ("full", "sampled")
-NEGATIVES = ("uniform", "in_batch")
+NEGATIVES = ("uniform", "in_batch", "mixed")
 
 
 def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, compute_dtype):
     """Per-pair softmax cross-entropy of each target against sampled negatives, for
     catalogues too large to score whole: `uniform` draws `count` ids of 1..N shared by the
-    batch; `in_batch` takes the batch's other targets. A negative equal to the pair's target
-    (an accidental hit) is dropped, and every logit is corrected by the log of its item's
-    sampling probability (logQ), so the sampled loss estimates the full one."""
+    batch; `in_batch` takes the batch's distinct targets; `mixed` both (Yang et al., 2020:
+    the batch's targets follow popularity, the uniform draws reach the tail). A negative
+    equal to the pair's target (an accidental hit) is dropped, and every logit (the
+    target's too) is corrected by the log of its item's expected count among the negatives
+    (logQ: `count` / N for a uniform draw, its count among the batch's targets for an
+    in-batch one, their sum for mixed), so the sampled loss estimates the full one."""
     items = model.config.items
-    if negatives == "uniform":
-        sampled = tf.random.stateless_uniform([count], seed, 1, items + 1, tf.int64)
-        log_q = tf.fill([count], tf.math.log(tf.cast(count, tf.float32) / items))
-        target_log_q = log_q[0]
+    uniform_share = tf.cast(count, tf.float32) / items
+    batch_ids, position, counts = tf.unique_with_counts(targets, out_idx=tf.int64)
+    counts = tf.cast(counts, tf.float32)
+    if negatives == "in_batch":
+        sampled, expected, target_expected = batch_ids, counts, tf.gather(counts, position)
     else:
-        sampled, position, counts = tf.unique_with_counts(targets, out_idx=tf.int64)
-        log_q = tf.math.log(tf.cast(counts, tf.float32) / tf.cast(tf.size(targets), tf.float32))
-        target_log_q = tf.gather(log_q, position)
+        drawn = tf.random.stateless_uniform([count], seed, 1, items + 1, tf.int64)
+        if negatives == "uniform":
+            sampled = drawn
+            expected = tf.fill([count], uniform_share)
+            target_expected = uniform_share[None]
+        else:
+            sampled = tf.concat([batch_ids, drawn], 0)
+            in_batch = tf.reduce_sum(tf.where(tf.equal(sampled[:, None], batch_ids[None, :]),
+                                              counts[None, :], 0.0), 1)
+            expected = in_batch + uniform_share
+            target_expected = tf.gather(counts, position) + uniform_share
     queries = tf.cast(model.queries(vectors), compute_dtype)
     positive = tf.reduce_sum(tf.cast(queries, tf.float32) * model.scored_items(targets), -1)
     negative = tf.cast(tf.matmul(queries, tf.cast(model.scored_items(sampled), compute_dtype),
-                                 transpose_b=True), tf.float32) - log_q
+                                 transpose_b=True), tf.float32) - tf.math.log(expected)
     negative = tf.where(tf.equal(targets[:, None], sampled[None, :]), -1e9, negative)
-    logits = tf.concat([(positive - target_log_q)[:, None], negative], 1)
+    logits = tf.concat([(positive - tf.math.log(target_expected))[:, None], negative], 1)
     return tf.nn.sparse_softmax_cross_entropy_with_logits(
         labels=tf.zeros_like(targets, tf.int32), logits=logits)
 
@@ -137,8 +149,10 @@ class RetrievalTask:
 
     @property
     def loss_name(self) -> str:
-        over = (f"{self.num_negatives} uniform negatives" if self.negatives == "uniform"
-                else "in-batch negatives") if self.sampled else "all items"
+        over = {"uniform": f"{self.num_negatives} uniform negatives",
+                "in_batch": "in-batch negatives",
+                "mixed": f"in-batch and {self.num_negatives} uniform negatives"}[
+            self.negatives] if self.sampled else "all items"
         return f"cross-entropy over {over}, summed over a history's next items"
 
     def predict(self, batch, compute_dtype):

@@ -204,6 +204,29 @@ def test_sampled_softmax_uniform_drops_accidental_hits():
         np.testing.assert_allclose(g, np.log(np.exp(logits).sum()) - positive, rtol=1e-4)
 
 
+def test_sampled_softmax_mixed_matches_numpy():
+    """Mixed negatives: the batch's distinct targets, then the uniform draws; each logit minus
+    the log of its item's expected count among them (its count among the targets plus
+    draws / N), the target's too; every occurrence equal to the target dropped."""
+    model = randomised(Encoder(RetrievalConfig(model="sasrec", items=9, length=4, width=8)))
+    rng = np.random.default_rng(4)
+    vectors = rng.normal(size=(6, 8)).astype(np.float32)
+    targets = np.array([3, 5, 3, 9, 5, 3])
+    seed = tf.constant([5, 6], tf.int64)
+    got = sampled_softmax(model, tf.constant(vectors), tf.constant(targets, tf.int64),
+                          "mixed", 4, seed, tf.float32).numpy()
+    draws = tf.random.stateless_uniform([4], seed, 1, 10, tf.int64).numpy()
+    table = model.named["item_embeddings"].numpy()
+    expected = {i: np.sum(targets == i) + 4 / 9 for i in range(1, 10)}
+    negatives = list(dict.fromkeys(targets)) + list(draws)  # distinct targets, first seen
+    want = []
+    for v, t in zip(vectors, targets):
+        positive = v @ table[t] - np.log(expected[t])
+        logits = [positive] + [v @ table[i] - np.log(expected[i]) for i in negatives if i != t]
+        want.append(np.log(np.exp(logits).sum()) - positive)
+    np.testing.assert_allclose(got, want, rtol=1e-4)
+
+
 @pytest.mark.parametrize("kind,normalize", [("sasrec", False), ("hstu", True)])
 def test_full_softmax_is_the_cross_entropy_of_the_models_scores(kind, normalize):
     """The tiled loss and its gradients against TensorFlow's over model.scores (the

@@ -4,13 +4,14 @@ popularity in a pure-Python reading and in a trained model), and the sampled los
 row updates against a numpy lazy Adam."""
 import json
 import os
+import re
 import sys
 
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import bounded_run
+from conftest import ROOT, bash_lines, bounded_run
 from retrieval import data as retrieval_data
 from retrieval.synthetic import TOPICS_FILE, generate, log_uniform
 
@@ -238,3 +239,39 @@ def test_the_item_table_is_updated_in_the_rows_a_sampled_step_read(loss):
         assert only_first and not (set(moved.tolist()) & only_first)
     else:
         assert moved.size > 190  # every row with a gradient (the padding row has none)
+
+
+# the README section's sizes -> toy ones (flag: value), per program; flags appended
+SECTION_SMOKE = {
+    "retrieval.synthetic": ({"--users": "400", "--items": "1000"}, ["--topic_size", "50"]),
+    "retrieval.main": ({"--eval_users": "100", "--eval_batch_size": "64", "--epochs": "1"},
+                       ["--embedding_dim", "16", "--max_sequence_length", "10", "--cpu"]),
+    "bench/retrieval_serving.py": ({"--requests": "20"}, []),
+}
+
+
+def section_line(line: str, tmp_path) -> str:
+    """A README line at toy size: paths under /tmp moved into tmp_path, sizes swapped."""
+    line = re.sub(r"^(\.venv/bin/)?python ", f"{sys.executable} ", line)
+    line = line.replace("/tmp/", f"{tmp_path}/")
+    for program, (values, extra) in SECTION_SMOKE.items():
+        if program in line:
+            for flag, value in values.items():
+                line = re.sub(rf"{flag} \S+", f"{flag} {value}", line)
+            line += "".join(f" {x}" for x in extra)
+    return line.replace("bench/", f"{ROOT}/bench/")
+
+
+def test_the_readmes_catalogue_scale_lines_run_at_toy_size(tmp_path):
+    """retrieval/README.md's "At catalogue scale" commands in order, at toy sizes (the scale
+    benchmark is bench commands' test's)."""
+    text = open(os.path.join(ROOT, "retrieval", "README.md")).read()
+    section = text.split("\n## At catalogue scale", 1)[1].split("\n## ", 1)[0]
+    lines = [x for x in bash_lines(section) if "retrieval_scale.py" not in x]
+    assert any("retrieval.serve" in x for x in lines) and any("--index faiss" in x for x in lines)
+    for line in lines:
+        proc = bounded_run(["bash", "-c", section_line(line, tmp_path)], timeout=600,
+                           cwd=str(tmp_path), env={"PYTHONPATH": ROOT, "BENCH_SMOKE": "1"})
+        assert proc.returncode == 0, f"{line}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
+        if "retrieval.serve" in line:
+            assert re.match(r"1( \d+){10}\n2( \d+){10}\n$", proc.stdout), proc.stdout
