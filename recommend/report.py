@@ -42,6 +42,14 @@ def row(name: str, source: str, figures: dict, alone: dict, bold: bool = False) 
     return f"| {name} | {source} | " + " | ".join(cells) + f" | {change:+.1f} % |"
 
 
+def list_name(path: str) -> str:
+    """A directory of runs by its name (hstu_ranker); one run by its parent's too
+    (hstu_ranker/seed_1: its own name is often only the seed)."""
+    parts = os.path.normpath(path).split(os.sep)
+    one_run = os.path.isfile(os.path.join(path, "results.json"))
+    return "/".join(parts[-2:] if one_run else parts[-1:])
+
+
 def table(paths: list, split: str, title: str) -> str:
     found = [(path, *means(path, split)) for path in paths]
     alone, count = found[0][2], found[0][3]
@@ -54,8 +62,8 @@ def table(paths: list, split: str, title: str) -> str:
     lines = [f"**{title}**", "", f"| list | runs | {heads} | N@10 against retrieval's |",
              "|---|---|" + "---|" * (len(COLUMNS) + 1),
              row("retrieval alone", f"the retrieval runs reranked below, {seeds}", alone, alone)]
-    lines += [row(f"two-stage: {os.path.basename(os.path.normpath(path))}", f"{path}, {seeds}",
-                  figures, alone, bold=True) for path, figures, _, _ in found]
+    lines += [row(f"two-stage: {list_name(path)}", f"{path}, {seeds}", figures, alone,
+                  bold=True) for path, figures, _, _ in found]
     return "\n".join(lines)
 
 

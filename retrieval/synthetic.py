@@ -13,7 +13,8 @@ item's topic predicts the next item's, and that topic's most popular items are t
 guess: a model that learns the partition from the sequences alone reaches about
 (1 - switch) x the share of a topic's top 10 (0.3 at the defaults), where the catalogue's
 most popular items get a small fraction of it. The answer key is DIR/synthetic_topics.npz
-(`topic` int32 [N + 1], item row r's topic, row 0 -1).
+(`topic` int32 [N + 1], item row r's topic, row 0 -1); both guesses' test HR@10 are printed
+and kept in the spec's metadata (synthetic.test_hr@10).
 
 History lengths are 3 + a geometric draw of mean --mean_length - 3. The layout, split and
 metadata are retrieval.prepare_dataset's (--ids dense).
@@ -27,7 +28,7 @@ import psutil
 
 from core.cli import ArgumentParser, run_cli
 from retrieval.prepare_dataset import (DEFAULT_MAX_LENGTH, ROW_BYTES, PrepareError, Sequences,
-                                       summary, write_sequences)
+                                       split_rows, summary, write_sequences)
 
 TOPICS_FILE = "synthetic_topics.npz"
 MIN_LENGTH = 3
@@ -70,6 +71,31 @@ def generate(users: int, items: int, topic_size: int = 1000, mean_length: float 
     return Sequences(chosen, starts, counts.astype(np.int64), users_of), topic
 
 
+def reference_hit_rates(sequences: Sequences, topic: np.ndarray, k: int = 10) -> dict:
+    """HR@k on the test rows (each held user's last item, the split's rule) of two guesses
+    made from the training rows' popularity: the catalogue's k most popular items, and the k
+    most popular of the topic of the user's last item before the target (the answer key's
+    best guess). Without the topic rule a model can do no better than the first."""
+    rows, starts = split_rows(sequences.counts), sequences.starts
+    held, ends = rows["test"]
+    targets = sequences.items[starts[held] + ends - 1]
+    lasts = sequences.items[starts[held] + ends - 2]
+    users, ends = rows["train"]
+    train = np.concatenate([np.arange(starts[u], starts[u] + e) for u, e in zip(users, ends)]
+                           + [np.zeros(0, np.int64)])
+    popularity = np.bincount(sequences.items[train], minlength=topic.size)
+    order = np.argsort(-popularity, kind="stable")
+    order = order[order > 0]
+    best_of_topic = {}
+    for item in order:  # each topic's k most popular, in one pass over the catalogue
+        kept = best_of_topic.setdefault(topic[item], [])
+        if len(kept) < k:
+            kept.append(item)
+    return {"popularity": float(np.isin(targets, order[:k]).mean()),
+            "answer_key": float(np.mean([t in best_of_topic.get(topic[last], ())
+                                         for t, last in zip(targets, lasts)]))}
+
+
 def make(users: int, items: int, dst: str, topic_size: int = 1000, mean_length: float = 20.0,
          switch: float = 0.1, max_length: int = DEFAULT_MAX_LENGTH, seed: int = 1,
          overwrite: bool = False):
@@ -94,7 +120,8 @@ def make(users: int, items: int, dst: str, topic_size: int = 1000, mean_length: 
                 "interactions": int(sequences.items.size),
                 "synthetic": {"topic_size": topic_size, "topics": int(topic.max()) + 1,
                               "mean_length": mean_length, "switch": switch, "seed": seed,
-                              "answer_key": TOPICS_FILE}}
+                              "answer_key": TOPICS_FILE,
+                              "test_hr@10": reference_hit_rates(sequences, topic)}}
     return write_sequences(dst, sequences, items, max_length, metadata, overwrite=overwrite,
                            arrays={TOPICS_FILE: {"topic": topic}})
 
@@ -113,8 +140,16 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--overwrite", action="store_true", help="replace an existing --dst")
     a = p.parse_args(argv)
-    return run_cli(lambda: summary(make(a.users, a.items, a.dst, a.topic_size, a.mean_length,
-                                        a.switch, a.max_length, a.seed, a.overwrite)))
+    return run_cli(lambda: described(make(a.users, a.items, a.dst, a.topic_size,
+                                          a.mean_length, a.switch, a.max_length, a.seed,
+                                          a.overwrite)))
+
+
+def described(spec) -> str:
+    reference = spec.metadata["synthetic"]["test_hr@10"]
+    return (f"{summary(spec)}; test HR@10 of the training rows' 10 most popular items "
+            f"{reference['popularity']:.4f}, of the last item's topic's 10 most popular (the "
+            f"answer key) {reference['answer_key']:.4f}")
 
 
 if __name__ == "__main__":

@@ -59,7 +59,8 @@ def test_the_dataset_is_prepare_datasets_layout_of_the_generated_sequences(small
 def test_the_last_items_topic_predicts_the_next_far_above_popularity(small):
     """A pure-Python reading of the rule: the next item shares the last one's topic about
     1 - switch of the time, and that topic's ten most popular training items hit the test
-    target several times as often as the catalogue's ten most popular."""
+    target several times as often as the catalogue's ten most popular (both hit rates as
+    the generator records them)."""
     spec = retrieval_data.load(small)
     topic = np.load(os.path.join(small, TOPICS_FILE))["topic"]
     train = retrieval_data.read_sequences(spec, "train")["item_ids"]
@@ -78,6 +79,8 @@ def test_the_last_items_topic_predicts_the_next_far_above_popularity(small):
     oracle = np.mean([t in by_topic[topic[lt]] for lt, t in zip(last, target)])
     popularity = np.mean([t in popular for t in target])
     assert oracle > 3 * popularity, (oracle, popularity)
+    assert spec.metadata["synthetic"]["test_hr@10"] == pytest.approx(
+        {"popularity": popularity, "answer_key": oracle})
 
 
 @pytest.mark.parametrize("flags,culprit", [
