@@ -252,7 +252,7 @@ def train(trainer, data, spec, comm, logger) -> None:
     def save(path, position):
         checkpoint.save_replica(path, trainer.named_state(), comm, position,
                                 trainer.model.config.checkpoint_shape(), trainer.optimizer,
-                                trainer.dynamic_tables())
+                                trainer.dynamic_tables(), maps_replicated=True)
     config = loop.LoopConfig(epochs=F.epochs, batch_size=F.batch_size, print_freq=F.print_freq,
                              max_steps=F.max_steps, selection_metric=selection_metric(),
                              keep_best=True, early_stopping_patience=F.early_stopping_patience,
@@ -271,7 +271,8 @@ def restore(trainer, path: str, comm) -> dict:
     return checkpoint.restore_replica(path, trainer.named_state(), trainer.named_state(),
                                       trainer.model.config.checkpoint_shape(),
                                       trainer.optimizer, CHECKPOINT_DEFAULTS,
-                                      trainer.dynamic_tables(), comm=comm)
+                                      trainer.dynamic_tables(), comm=comm,
+                                      maps_replicated=True)
 
 
 def evaluate_kept(trainer, spec, comm, logger) -> None:
@@ -306,9 +307,6 @@ def check_table_fits(items: int, width: int) -> None:
 
 def run(spec, attributes, comm, logger) -> None:
     items = catalogue(spec)
-    if items.dynamic is not None and comm.size > 1:
-        raise ValueError("a dynamic item table (raw ids) trains in one process: every rank "
-                         "would map other ids to its rows")
     check_table_fits(items.items, F.embedding_dim)
     model = Encoder(model_config(spec, attributes), items.dynamic,
                     attributes.table if attributes else None)

@@ -17,6 +17,7 @@ import tensorflow as tf
 
 from core.fused_ops import softmax_cross_entropy_rows
 from core.optimizers import make_optimizer
+from core.parallel.comm import Communicator
 from retrieval.metrics import both_protocols, full_ranks
 from training import OptimizerGroup, Trainer, compute_dtype_for
 from training.checkpoint import with_slots
@@ -107,11 +108,15 @@ class RetrievalTask:
     tables, lookup_collectives = (), ()
 
     def __init__(self, model, seed: int, loss: str = "full", negatives: str = "uniform",
-                 num_negatives: int = 128):
+                 num_negatives: int = 128, comm=None):
         if loss not in LOSSES or negatives not in NEGATIVES:
             raise ValueError(f"--loss must be one of {list(LOSSES)} and --negatives one of "
                              f"{list(NEGATIVES)}, found {loss!r}, {negatives!r}")
         self.model, self.seed, self.sampled = model, seed, loss == "sampled"
+        self.comm = comm or Communicator()
+        # a dynamic table maps the global batch's ids: they are gathered first (named, as
+        # every collective, so the ranks match it)
+        self.lookup_collectives = ("dynamic_item_ids",) if model.dynamic is not None else ()
         self.negatives, self.num_negatives = negatives, num_negatives
         self.dense_variables = dict(model.named)
         # a sampled loss reads the item (and attribute) tables by gathers: their gradient is
@@ -126,12 +131,20 @@ class RetrievalTask:
     def dense_inputs(self, batch, step):
         features, global_rows, first_row = batch
         if self.model.dynamic is not None:
-            rows, new_rows = self.model.rows(features[ITEM_IDS], training=True)
-            for hook in self.new_rows_hooks:
-                hook(self.model.items, new_rows)
-            features = dict(features, **{ITEM_IDS: rows})
+            features = dict(features, **{ITEM_IDS: self._dynamic_rows(features[ITEM_IDS],
+                                                                      first_row)})
         seed = tf.stack([tf.constant(self.seed, tf.int64), tf.cast(step, tf.int64)])
         return features, global_rows, (seed, first_row)
+
+    def _dynamic_rows(self, ids, first_row):
+        """A dynamic table's rows of this rank's ids. Every rank maps the whole global batch
+        (its ranks' ids gathered in rank order: the global batch's order), so every replica
+        of the table gives the same ids the same rows, as one process would."""
+        everyone = self.comm.allgather(ids, name="dynamic_item_ids")
+        rows, new_rows = self.model.rows(everyone, training=True)
+        for hook in self.new_rows_hooks:
+            hook(self.model.items, new_rows)
+        return rows[first_row:first_row + tf.shape(ids)[0]]
 
     def loss(self, inputs, embedded, context, compute_dtype):
         features, global_rows, seed = inputs
@@ -206,7 +219,7 @@ class RetrievalTrainer(Trainer):
         group = OptimizerGroup(self.optimizer, learning_rate,
                                tuple(model.named.values()))
         signature = batch_signature(model.config)
-        task = RetrievalTask(model, int(seed), loss, negatives, num_negatives)
+        task = RetrievalTask(model, int(seed), loss, negatives, num_negatives, comm)
         task.new_rows_hooks.append(self.optimizer.reset_rows)
         super().__init__(task, comm, [group], compute_dtype_for(amp),
                          input_signature=signature, predict_signature=signature,

@@ -208,6 +208,31 @@ def test_dynamic_item_table_takes_and_serves_raw_ids(tmp_path):
     assert 31 * scale + offset in top and 0 not in top
 
 
+def test_a_dynamic_item_table_on_two_processes_gives_the_figures_of_one(tmp_path):
+    """Raw ids: every rank maps the global batch's ids, so the replicas agree and the run
+    is one process's: the same figures, the same ids served."""
+    require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
+    offset, scale = 10 ** 12, 1000
+    raw = prepare(tmp_path, "raw", successor_lines(300, scale=scale, offset=offset), "--ids",
+                  "raw", "--capacity", "64")
+    common = ["--model", "sasrec", "--dataset_dir", raw, *TINY, "--epochs", "2"]
+    retrieval(*common, "--output_dir", str(tmp_path / "one"))
+    retrieval(*common, "--output_dir", str(tmp_path / "two"), launcher=horovodrun(2),
+              timeout=400)
+    one, two = results(tmp_path / "one"), results(tmp_path / "two")
+    assert one["best_epoch"] == two["best_epoch"]
+    for split in ("valid", "test"):
+        for key, value in one[split].items():
+            assert two[split][key] == pytest.approx(value, abs=1.01 / 300), (split, key)
+    maps = []
+    for run in ("one", "two"):
+        retrieval(*common, "--output_dir", str(tmp_path / run), "--mode", "export")
+        with np.load(os.path.join(tmp_path, run, "saved_model", "item_embeddings.npz")) as a:
+            maps.append(a["ids"])
+    np.testing.assert_array_equal(maps[0], maps[1])  # every id in the same row
+    assert sorted(maps[0]) == [i * scale + offset for i in range(1, ITEMS + 1)]
+
+
 def test_dynamic_features_turns_a_static_catalogue_open(data, tmp_path):
     """--dynamic_features item_ids on dense ids: the table maps them as raw ids and serves
     them back (30 items seen, all of them candidates)."""

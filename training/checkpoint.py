@@ -28,6 +28,7 @@ import zlib
 import numpy as np
 
 from core.files import StagedDirectory, atomic_write_text, write_error
+from core.parallel.comm import Communicator
 from core.parallel.placement import TablePiece
 
 FORMAT_VERSION = 1
@@ -587,13 +588,15 @@ def gathered_arrays(named: dict, row_ranges: dict, comm) -> dict:
 
 
 def save_replica(path: str, named_state: dict, comm, position: dict, model: dict = None,
-                 optimizer=None, dynamic_tables: dict = None, row_ranges: dict = None) -> None:
+                 optimizer=None, dynamic_tables: dict = None, row_ranges: dict = None,
+                 maps_replicated: bool = False) -> None:
     """A model's checkpoint: named_state (variables and slots by name; row_ranges: the
     entries holding row ranges, see above), the training position, the fields that decide
     the variables (model) and which optimizer wrote the slots, so a restore can refuse
     another model and skip another optimizer's slots; dynamic_tables: {name: (DynamicTable, the
     named_state entries whose rows its map indexes)}, whose maps are saved beside the
-    weights, every rank's share joined into one (gathered_map)."""
+    weights, every rank's share joined into one (gathered_map), or rank 0's whole map when
+    every rank holds the same one (maps_replicated)."""
     meta = {"position": position}
     if model is not None:
         meta["model"] = model
@@ -609,7 +612,8 @@ def save_replica(path: str, named_state: dict, comm, position: dict, model: dict
         saved = gathered_arrays(named_state, row_ranges, comm)
     else:
         saved = arrays(named_state)
-    for name, joined in gathered_maps(dynamic_tables or {}, row_ranges or {}, comm).items():
+    map_comm = Communicator() if maps_replicated else comm
+    for name, joined in gathered_maps(dynamic_tables or {}, row_ranges or {}, map_comm).items():
         saved.update({f"{DYNAMIC_PREFIX}{name}/{k}": v for k, v in (joined or {}).items()})
     save_arrays(path, saved, meta, comm)
 
@@ -619,11 +623,13 @@ DYNAMIC_PREFIX = "dynamic_map/"
 
 def restore_replica(path: str, variables: dict, named_state: dict, model: dict = None,
                     optimizer=None, model_defaults: dict = None,
-                    dynamic_tables: dict = None, row_ranges: dict = None, comm=None) -> dict:
+                    dynamic_tables: dict = None, row_ranges: dict = None, comm=None,
+                    maps_replicated: bool = False) -> dict:
     """Load a save_replica checkpoint into variables, and the slots of named_state when the
     same optimizer wrote them (the entries of row_ranges: their rows only, each array read
     from the file when assigned); a dynamic table (see save_replica) takes this rank's (of
-    `comm`; None: one process) share of its map and the share's rows (load_maps); return the
+    `comm`; None or maps_replicated: one process's, the whole map) share of its map and the
+    share's rows (load_maps); return the
     saved position. A checkpoint of another model (a field of `model` that differs;
     model_defaults: fields older checkpoints lack) is an error naming the fields."""
     file, meta = _arrays_file(path)
@@ -650,6 +656,7 @@ def restore_replica(path: str, variables: dict, named_state: dict, model: dict =
             if not maps[name]:
                 raise CheckpointError(f"checkpoint {path} holds no map of dynamic table "
                                       f"'{name}'")
-        load_maps(maps, dynamic_tables or {}, saved, state, comm.rank if comm else 0,
-                  comm.size if comm else 1, path)
+        whole = comm is None or maps_replicated
+        load_maps(maps, dynamic_tables or {}, saved, state, 0 if whole else comm.rank,
+                  1 if whole else comm.size, path)
     return meta.get("position", meta)  # Wide & Deep's first checkpoints: meta is the position

@@ -35,6 +35,11 @@ class Communicator:
     def allreduce_sum(self, tensor, name=None):
         return tensor
 
+    def allgather(self, tensor, name):
+        """Every rank's tensor concatenated along the first axis in rank order (the first
+        dimensions may differ)."""
+        return tensor
+
     def gather_to_root(self, array):
         """Every rank's 1-D array concatenated in rank order on rank 0 (empty elsewhere)."""
         return array

@@ -168,6 +168,9 @@ class HorovodCommunicator(Communicator):
             return tf.IndexedSlices(values, indices, tensor.dense_shape)
         return self.hvd.allreduce(tensor, op=self.hvd.Sum, name=name)
 
+    def allgather(self, tensor, name):
+        return self.hvd.allgather(tensor, name=name)
+
     def gather_to_root(self, array):
         """An all-to-all in which every rank sends its whole 1-D array to rank 0 only."""
         tensor = tf.convert_to_tensor(array)
