@@ -62,7 +62,7 @@ def measure(variant: str, steps: int, warmup: int) -> dict:
     comm = make_communicator()
     model = Encoder(RetrievalConfig(model="hstu", items=items, length=LENGTH, dropout=0.2))
     trainer = RetrievalTrainer(model, comm, lambda step: 1e-3, loss="sampled",
-                               num_negatives=NEGATIVES)
+                               negatives="uniform", num_negatives=NEGATIVES)
     if update == "dense":
         trainer.row_updated = frozenset()
     data = [RowBatches({"item_ids": ids}, BATCH, comm).batch(np.arange(BATCH))

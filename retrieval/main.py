@@ -83,8 +83,9 @@ flags.DEFINE_float("temperature", 0.05, "Scores are divided by this (> 0)", lowe
 flags.DEFINE_enum("loss", "full", list(LOSSES), "full: cross-entropy over every item; "
                   "sampled: sampled softmax (--negatives), for catalogues too large to score "
                   "whole at every step")
-flags.DEFINE_enum("negatives", "uniform", list(NEGATIVES), "--loss sampled: uniform draws "
-                  "of the catalogue, the batch's other next items, or both (mixed)")
+flags.DEFINE_enum("negatives", "mixed", list(NEGATIVES), "--loss sampled: uniform draws "
+                  "of the catalogue, the batch's other next items, or both (mixed: chosen on "
+                  "validation, bench/results/retrieval/synthetic_choices)")
 flags.DEFINE_integer("num_negatives", 128, "--loss sampled --negatives uniform or mixed: "
                      "uniform draws per step", lower_bound=1)
 flags.DEFINE_float("lr", None, "Adam's learning rate, > 0 (default: the model's recipe, "

@@ -107,7 +107,7 @@ def full_softmax(model, vectors, targets, compute_dtype):
 class RetrievalTask:
     tables, lookup_collectives = (), ()
 
-    def __init__(self, model, seed: int, loss: str = "full", negatives: str = "uniform",
+    def __init__(self, model, seed: int, loss: str = "full", negatives: str = "mixed",
                  num_negatives: int = 128, comm=None):
         if loss not in LOSSES or negatives not in NEGATIVES:
             raise ValueError(f"--loss must be one of {list(LOSSES)} and --negatives one of "
@@ -211,7 +211,7 @@ def batch_signature(config) -> tuple:
 class RetrievalTrainer(Trainer):
     def __init__(self, model, comm, learning_rate, weight_decay: float = 0.0, amp: bool = False,
                  seed: int = 0, divergence_factor: float = DEFAULT_DIVERGENCE_FACTOR,
-                 loss: str = "full", negatives: str = "uniform",
+                 loss: str = "full", negatives: str = "mixed",
                  num_negatives: int = 128):
         """learning_rate: step -> float (core.optimizers.LearningRateSchedule)."""
         self.model = model

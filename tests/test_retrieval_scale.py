@@ -212,7 +212,7 @@ def test_the_item_table_is_updated_in_the_rows_a_sampled_step_read(loss):
     config = RetrievalConfig(model="sasrec", items=200, length=5, width=8, dropout=0.0, seed=1)
     model, twin, lr = Encoder(config), Encoder(config), 0.01
     trainer = RetrievalTrainer(model, make_communicator(), lambda step: lr, loss=loss,
-                               num_negatives=7, seed=3)
+                               negatives="uniform", num_negatives=7, seed=3)
     task = RetrievalTask(twin, 3, loss, "uniform", 7)
     table = model.items.numpy().copy()
     lazy_m, lazy_v = np.zeros_like(table), np.zeros_like(table)
