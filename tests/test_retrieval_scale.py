@@ -255,8 +255,8 @@ SECTION_SMOKE = {
 
 def section_line(line: str, tmp_path) -> str:
     """A README line at toy size: paths under /tmp moved into tmp_path, sizes swapped."""
+    line = line.replace("/tmp/", f"{tmp_path}/")  # before the interpreter's path (may be there)
     line = re.sub(r"^(\.venv/bin/)?python ", f"{sys.executable} ", line)
-    line = line.replace("/tmp/", f"{tmp_path}/")
     for program, (values, extra) in SECTION_SMOKE.items():
         if program in line:
             for flag, value in values.items():
