@@ -45,15 +45,15 @@ def main(argv=None) -> int:
     histories = data.read_sequences(data.load(args.dataset_dir), "validation")["item_ids"]
     requests = [tf.constant(h[None, :-1]) for h in histories[:args.requests]]
     brute = server.model.signatures["serving_default"]
-    encode = server.model.signatures["encode"]
     k = min(args.top_k, int(brute.structured_outputs["top_k_ids"].shape[1]))
 
     def exact(ids):
         return brute(item_ids=ids)["top_k_ids"].numpy()[0, :k]
 
+    server.k = k
+
     def approximate(ids):
-        query = encode(item_ids=ids)["query"].numpy()
-        return server.ids[index.search(server.index[0], query, k)[1][0]]
+        return server.top_k(ids.numpy())[0]
     for ids in requests[:10]:
         exact(ids), approximate(ids)
     seconds, overlap = {"exact": [], "index": []}, []

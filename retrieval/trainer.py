@@ -58,22 +58,20 @@ def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, c
     in-batch one, their sum for mixed), so the sampled loss estimates the full one."""
     items = model.config.items
     uniform_share = tf.cast(count, tf.float32) / items
-    batch_ids, position, counts = tf.unique_with_counts(targets, out_idx=tf.int64)
-    counts = tf.cast(counts, tf.float32)
-    if negatives == "in_batch":
-        sampled, expected, target_expected = batch_ids, counts, tf.gather(counts, position)
+    def drawn():
+        return tf.random.stateless_uniform([count], seed, 1, items + 1, tf.int64)
+    if negatives == "uniform":
+        sampled, expected, target_expected = drawn(), tf.fill([count], uniform_share), \
+            uniform_share[None]
     else:
-        drawn = tf.random.stateless_uniform([count], seed, 1, items + 1, tf.int64)
-        if negatives == "uniform":
-            sampled = drawn
-            expected = tf.fill([count], uniform_share)
-            target_expected = uniform_share[None]
-        else:
-            sampled = tf.concat([batch_ids, drawn], 0)
-            in_batch = tf.reduce_sum(tf.where(tf.equal(sampled[:, None], batch_ids[None, :]),
-                                              counts[None, :], 0.0), 1)
-            expected = in_batch + uniform_share
-            target_expected = tf.gather(counts, position) + uniform_share
+        batch_ids, position, counts = tf.unique_with_counts(targets, out_idx=tf.int64)
+        counts = tf.cast(counts, tf.float32)
+        sampled, expected, target_expected = batch_ids, counts, tf.gather(counts, position)
+        if negatives == "mixed":
+            sampled = tf.concat([batch_ids, drawn()], 0)
+            expected = uniform_share + tf.reduce_sum(tf.where(
+                tf.equal(sampled[:, None], batch_ids[None, :]), counts[None, :], 0.0), 1)
+            target_expected += uniform_share
     queries = tf.cast(model.queries(vectors), compute_dtype)
     positive = tf.reduce_sum(tf.cast(queries, tf.float32) * model.scored_items(targets), -1)
     negative = tf.cast(tf.matmul(queries, tf.cast(model.scored_items(sampled), compute_dtype),

@@ -133,9 +133,10 @@ def test_linear_lr_decay_falls_to_zero_at_the_last_epoch(data, tmp_path):
         assert rate == pytest.approx(0.01 * (total - update) / total), step
 
 
-def test_two_processes_give_the_figures_of_one(data, tmp_path):
+def one_and_two_processes(common, tmp_path) -> None:
+    """Train `common` in tmp_path/one on one process and tmp_path/two on two; the kept epoch
+    and the figures agree."""
     require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
-    common = ["--model", "hstu", "--dataset_dir", data, *TINY, "--epochs", "2"]
     retrieval(*common, "--output_dir", str(tmp_path / "one"))
     retrieval(*common, "--output_dir", str(tmp_path / "two"), launcher=horovodrun(2),
               timeout=400)
@@ -145,6 +146,11 @@ def test_two_processes_give_the_figures_of_one(data, tmp_path):
     for split in ("valid", "test"):
         for key, value in one[split].items():
             assert two[split][key] == pytest.approx(value, abs=1.01 / 300), (split, key)
+
+
+def test_two_processes_give_the_figures_of_one(data, tmp_path):
+    one_and_two_processes(["--model", "hstu", "--dataset_dir", data, *TINY, "--epochs", "2"],
+                          tmp_path)
     losses = [[r["data"]["loss"] for r in read_log(str(tmp_path / run / "log.json"))
                if "loss" in r["data"] and isinstance(r["step"], list)] for run in ("one", "two")]
     # the same steps: equal at first, then apart by the drift of the sums' order (scores
@@ -211,19 +217,11 @@ def test_dynamic_item_table_takes_and_serves_raw_ids(tmp_path):
 def test_a_dynamic_item_table_on_two_processes_gives_the_figures_of_one(tmp_path):
     """Raw ids: every rank maps the global batch's ids, so the replicas agree and the run
     is one process's: the same figures, the same ids served."""
-    require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
     offset, scale = 10 ** 12, 1000
     raw = prepare(tmp_path, "raw", successor_lines(300, scale=scale, offset=offset), "--ids",
                   "raw", "--capacity", "64")
     common = ["--model", "sasrec", "--dataset_dir", raw, *TINY, "--epochs", "2"]
-    retrieval(*common, "--output_dir", str(tmp_path / "one"))
-    retrieval(*common, "--output_dir", str(tmp_path / "two"), launcher=horovodrun(2),
-              timeout=400)
-    one, two = results(tmp_path / "one"), results(tmp_path / "two")
-    assert one["best_epoch"] == two["best_epoch"]
-    for split in ("valid", "test"):
-        for key, value in one[split].items():
-            assert two[split][key] == pytest.approx(value, abs=1.01 / 300), (split, key)
+    one_and_two_processes(common, tmp_path)
     maps = []
     for run in ("one", "two"):
         retrieval(*common, "--output_dir", str(tmp_path / run), "--mode", "export")
