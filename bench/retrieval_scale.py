@@ -8,8 +8,11 @@ rounds (bench/rates.py):
                 moments of those rows only): retrieval.main --loss sampled today;
   dense_<size>: the same gradient made dense and every row updated (Adam over the whole
                 table), as the sampled loss was trained before.
-Each variant reports steps/s and its process's peak RSS. Histories are seeded random rows of
-ids uniform over the catalogue, lengths 3 + geometric (mean 20), left-padded.
+  split_5m:     rows, on 2 processes (horovodrun) with the table split by rows (--sharding
+                row): each process holds half the rows and their moments, reads the others'
+                from their owner; the same global batch.
+Each variant reports steps/s and its processes' peak RSS (the largest). Histories are seeded
+random rows of ids uniform over the catalogue, lengths 3 + geometric (mean 20), left-padded.
 
   .venv/bin/python bench/retrieval_scale.py [--steps 20] [--warmup 3] [--rounds 3]
 
@@ -35,7 +38,8 @@ SIZES = {"50k": 500, "1m": 2000, "5m": 5000} if SMOKE else \
     {"50k": 50_000, "1m": 1_000_000, "5m": 5_000_000}
 LENGTH, BATCH, NEGATIVES = (10, 16, 8) if SMOKE else (50, 128, 128)
 UPDATES = ("rows", "dense")
-VARIANTS = tuple(f"{u}_{s}" for s in SIZES for u in UPDATES)
+SPLIT = f"split_{list(SIZES)[-1]}"  # 2 processes, --sharding row, the largest catalogue
+VARIANTS = tuple(f"{u}_{s}" for s in SIZES for u in UPDATES) + (SPLIT,)
 RESULTS = os.path.join(ROOT, "bench", "results", "retrieval_scale.txt")
 
 
@@ -54,13 +58,16 @@ def measure(variant: str, steps: int, warmup: int) -> dict:
     from core import runtime
     runtime.configure()
     from core.parallel.comm import make_communicator
+    from core.parallel.rows import RowShards
     from retrieval.batches import RowBatches
     from retrieval.model import Encoder, RetrievalConfig
     from retrieval.trainer import RetrievalTrainer
     update, size = variant.split("_")
     items = SIZES[size]
     comm = make_communicator()
-    model = Encoder(RetrievalConfig(model="hstu", items=items, length=LENGTH, dropout=0.2))
+    shards = RowShards(comm, items + 1) if update == "split" else None
+    model = Encoder(RetrievalConfig(model="hstu", items=items, length=LENGTH, dropout=0.2),
+                    shards=shards)
     trainer = RetrievalTrainer(model, comm, lambda step: 1e-3, loss="sampled",
                                negatives="uniform", num_negatives=NEGATIVES)
     if update == "dense":
@@ -94,12 +101,18 @@ def main(argv=None) -> int:
         lines.append(line)
 
     def run(variant, round_):
-        out = subprocess.run([sys.executable, os.path.abspath(__file__), "--variant", variant,
-                              f"--steps={args.steps}", f"--warmup={args.warmup}"],
+        launcher = [] if variant != SPLIT else [
+            os.path.join(os.path.dirname(sys.executable), "horovodrun"), "-np", "2", "-H",
+            "localhost:2", "--gloo"]
+        out = subprocess.run([*launcher, sys.executable, os.path.abspath(__file__), "--variant",
+                              variant, f"--steps={args.steps}", f"--warmup={args.warmup}"],
                              capture_output=True, text=True)
         if out.returncode:
-            sys.exit(f"error: {variant} failed:\n{out.stderr[-3000:]}")
-        r = json.loads(out.stdout.strip().splitlines()[-1])
+            sys.exit(f"error: {variant} failed:\n{out.stdout[-2000:]}{out.stderr[-3000:]}")
+        ranks = [json.loads(line[line.index("{"):]) for line in out.stdout.splitlines()
+                 if "{" in line]  # horovodrun prefixes each rank's lines with [rank]<stdout>:
+        r = {"steps_per_second": min(x["steps_per_second"] for x in ranks),
+             "peak_rss_gib": max(x["peak_rss_gib"] for x in ranks)}
         say(f"round {round_}: {variant:9s} {r['steps_per_second']:7.2f} steps/s, peak RSS "
             f"{r['peak_rss_gib']:6.2f} GiB")
         return r
@@ -110,7 +123,7 @@ def main(argv=None) -> int:
         f"width 64, {NEGATIVES} uniform negatives")
     say(f"{'items':>10s} {'update':6s} {'steps/s':>8s} {'ms/step':>8s} {'peak RSS GiB':>13s}")
     for size, items in SIZES.items():
-        for update in UPDATES:
+        for update in UPDATES + (("split",) if SPLIT.endswith(size) else ()):
             v = f"{update}_{size}"
             say(f"{items:10,d} {update:6s} {rate[v]:8.2f} {1000 / rate[v]:8.1f} {rss[v]:13.2f}")
     first, last = list(SIZES)[0], list(SIZES)[-1]
@@ -120,7 +133,10 @@ def main(argv=None) -> int:
         say(f"step time at {SIZES[last]:,} / at {SIZES[first]:,} items, {update} update "
             f"(within each round): {statistics.median(ratios):.2f}x "
             f"({min(ratios):.2f}-{max(ratios):.2f}x)")
-    say(f"target: rows update at {SIZES[last]:,} items <= 1.3x the step at {SIZES[first]:,}")
+    say(f"peak RSS per process at {SIZES[last]:,} items, 2 processes split by rows / 1 process "
+        f"(rows update): {rss[SPLIT] / rss[f'rows_{last}']:.2f}x")
+    say(f"targets: rows update at {SIZES[last]:,} items <= 1.3x the step at {SIZES[first]:,}; "
+        f"peak RSS split on 2 processes <= 0.6x one process's")
     if SMOKE:
         print(f"BENCH_SMOKE=1: toy sizes, {os.path.relpath(RESULTS, ROOT)} left as it was")
         return 0

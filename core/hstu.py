@@ -27,6 +27,10 @@ TIME_BUCKETS = 128   # log buckets of time gaps: ln(2^64) / 0.301 < 148, the res
 LAYER_NORM_EPSILON = 1e-6
 
 
+# rows of a split table drawn at a time (NamedWeights.normal)
+DRAWN_ROWS = 1 << 16
+
+
 class NamedWeights:
     """Named variables drawn from per-variable seeded generators (core/initializers.py): the
     n-th variable created draws from (seed, first_key + n)."""
@@ -40,9 +44,19 @@ class NamedWeights:
     def constant(self, name: str, shape, value: float):
         return self._add(name, np.full(shape, value, np.float32))
 
-    def normal(self, name: str, shape, std: float):
+    def normal(self, name: str, shape, std: float, rows: tuple = None):
+        """rows (start, stop): only those rows of the [shape[0], ...] draw (a table split by
+        rows over processes), equal to the whole draw's. The draw is made a block of rows at
+        a time, so neither its float64 whole nor (split) the whole table ever exists."""
         rng = np.random.default_rng([self.seed, self._key()])
-        return self._add(name, (rng.standard_normal(shape) * std).astype(np.float32))
+        start, stop = rows or (0, shape[0])
+        out = np.empty((stop - start, *shape[1:]), np.float32)
+        for first in range(0, stop, DRAWN_ROWS):
+            block = rng.standard_normal((min(DRAWN_ROWS, stop - first), *shape[1:])) * std
+            if first + len(block) > start:
+                skipped = max(start - first, 0)
+                out[first + skipped - start:first + len(block) - start] = block[skipped:]
+        return self._add(name, out)
 
     def _key(self) -> int:
         return self.first_key + len(self.variables)

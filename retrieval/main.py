@@ -39,6 +39,7 @@ from core.dynamic_flags import define_dynamic_flags, with_dynamic_flags
 from core.files import FileError, atomic_write_text, write_error
 from core.optimizers import LearningRateSchedule
 from core.parallel.comm import make_communicator
+from core.parallel.rows import RowShards
 from core.sources import load_spec
 from retrieval import export, index
 from retrieval.batches import RowBatches
@@ -53,6 +54,9 @@ from training.engine import DEFAULT_DIVERGENCE_FACTOR
 from training.selection import best_state_path
 
 F = flags.FLAGS
+# --sharding: the whole table on every process, or split by rows (row_wise: the ranking
+# families' name)
+SHARDING = ("data_parallel", "row", "row_wise")
 # the one knob whose best value on Beauty's validation split differs between the models
 RECIPE_LR = {"sasrec": 0.003, "hstu": 0.006}
 flags.DEFINE_enum("model", "hstu", list(MODELS), "sasrec: causal softmax self-attention; "
@@ -107,10 +111,14 @@ flags.DEFINE_integer("eval_users", 0, "Evaluate on a seeded sample of this many 
 flags.DEFINE_bool("filter_seen", False, "Keep the epoch of the best validation NDCG@10 with "
                   "the user's seen items removed (the target kept); without it, of every item "
                   "ranked (the published tables' protocol). Both are always reported")
+flags.DEFINE_enum("sharding", "data_parallel", list(SHARDING), "Where the item table lives "
+                  "under horovodrun: data_parallel: whole on every process; row (the ranking "
+                  "families' row_wise): split by rows, each process holding its rows and their "
+                  "Adam slots, the others' read from their owners (a static table)")
 flags.DEFINE_integer("top_k", 100, "--mode export: items the SavedModel returns per history",
                      lower_bound=1)
 flags.DEFINE_enum("index", "none", ["none", "faiss"], "--mode export: also write an "
-                  "approximate nearest-neighbour index of the catalogue (faiss HNSW), its "
+                  "approximate nearest-neighbour index of the catalogue (faiss IVF-Flat), its "
                   "recall@top_k against the brute force measured on validation histories; "
                   "retrieval.serve answers from it")
 define_dynamic_flags("item_ids (or 'all'): the item table learns its "
@@ -253,7 +261,8 @@ def train(trainer, data, spec, comm, logger) -> None:
     def save(path, position):
         checkpoint.save_replica(path, trainer.named_state(), comm, position,
                                 trainer.model.config.checkpoint_shape(), trainer.optimizer,
-                                trainer.dynamic_tables(), maps_replicated=True)
+                                trainer.dynamic_tables(), trainer.row_ranges(),
+                                maps_replicated=True)
     config = loop.LoopConfig(epochs=F.epochs, batch_size=F.batch_size, print_freq=F.print_freq,
                              max_steps=F.max_steps, selection_metric=selection_metric(),
                              keep_best=True, early_stopping_patience=F.early_stopping_patience,
@@ -272,7 +281,7 @@ def restore(trainer, path: str, comm) -> dict:
     return checkpoint.restore_replica(path, trainer.named_state(), trainer.named_state(),
                                       trainer.model.config.checkpoint_shape(),
                                       trainer.optimizer, CHECKPOINT_DEFAULTS,
-                                      trainer.dynamic_tables(), comm=comm,
+                                      trainer.dynamic_tables(), trainer.row_ranges(), comm,
                                       maps_replicated=True)
 
 
@@ -294,30 +303,50 @@ def evaluate_kept(trainer, spec, comm, logger) -> None:
         logger.print(f"wrote {paths()['results']}")
 
 
-def check_table_fits(items: int, width: int) -> None:
+def check_table_fits(items: int, width: int, shards) -> None:
     """A catalogue too large for this machine is one line now, not an out-of-memory kill
-    while the table is built."""
-    need, have = (items + 1) * width * 4 * TABLE_COPIES, psutil.virtual_memory().total
+    while the table is built (a split table: this process's rows)."""
+    rows = items + 1 if shards is None else shards.held[1] - shards.held[0]
+    need, have = rows * width * 4 * TABLE_COPIES, psutil.virtual_memory().total
     if need > have:
-        raise ValueError(f"the item table does not fit in this machine's memory: {items:,} items "
-                         f"x width {width} x {TABLE_COPIES} float32 copies (the weights and "
-                         f"Adam's two slots) = {need / 2**30:,.1f} GiB, this machine has "
+        held = "" if shards is None else f" ({rows:,} rows on this process of {shards.comm.size})"
+        raise ValueError(f"the item table does not fit in this machine's memory: {items:,} items"
+                         f"{held} x width {width} x {TABLE_COPIES} float32 copies (the weights "
+                         f"and Adam's two slots) = {need / 2**30:,.1f} GiB, this machine has "
                          f"{have / 2**30:,.1f} GiB; a catalogue of sparse ids wants "
                          f"retrieval.prepare_dataset --ids map (or --ids raw)")
 
 
+def item_shards(items, comm):
+    """The item table's RowShards under --sharding row (the SavedModel is written by one
+    process from the checkpoint's whole table: export reads it whole)."""
+    if F.sharding == "data_parallel" or F.mode == "export":
+        return None
+    if items.dynamic is not None:
+        raise ValueError("--sharding row splits a static item table: an open vocabulary "
+                         "(--ids raw, --dynamic_features item_ids) is mapped on every process, "
+                         "give --sharding data_parallel")
+    return RowShards(comm, items.items + 1)
+
+
 def run(spec, attributes, comm, logger) -> None:
     items = catalogue(spec)
-    check_table_fits(items.items, F.embedding_dim)
+    shards = item_shards(items, comm)
+    check_table_fits(items.items, F.embedding_dim, shards)
     model = Encoder(model_config(spec, attributes), items.dynamic,
-                    attributes.table if attributes else None)
+                    attributes.table if attributes else None, shards)
     data = (RowBatches(rows(spec, "train", model.config.length), F.batch_size, comm,
                        shuffle_seed=F.seed) if F.mode == "train" else None)
     trainer = RetrievalTrainer(model, comm, learning_rate(len(data) if data else 1),
                                F.weight_decay, F.amp, F.seed,
                                F.divergence_factor, F.loss, F.negatives,
                                F.num_negatives)
-    comm.broadcast_variables(list(model.named.values()))
+    if shards is not None:
+        logger.print(f"item table split by rows over {comm.size} processes: rows " + ", ".join(
+            f"{a}-{b - 1}" for a, b in zip(shards.bounds, shards.bounds[1:])) +
+            " (each with its Adam slots)")
+    comm.broadcast_variables([v for name, v in model.named.items()
+                              if name not in trainer.task.row_split])
     if F.mode == "train":
         train(trainer, data, spec, comm, logger)
     elif F.mode == "eval":

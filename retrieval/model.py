@@ -17,6 +17,7 @@ it, is its row of the item table plus the mean of its attributes' rows of an att
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -56,6 +57,11 @@ class RetrievalConfig:
 CHECKPOINT_DEFAULTS = {"attributes": 0}
 
 
+def item_read_name(read: str) -> str:
+    """Names the collectives of one read of an item table split by rows (RowShards)."""
+    return f"item_rows_{read}"
+
+
 class AttributeMeans:
     """Each item row's mean attribute row, from attributes int [items + 1, M] (row r the
     attribute ids of item row r, 0-padded): called on an attribute table [A + 1, d], gives
@@ -84,10 +90,13 @@ class Encoder(tf.Module):
     """The item table, the positions and the blocks of one model. `encode` gives every
     position's history vector; `scores` compares history vectors with the whole catalogue."""
 
-    def __init__(self, config: RetrievalConfig, dynamic_spec=None, attributes=None):
+    def __init__(self, config: RetrievalConfig, dynamic_spec=None, attributes=None,
+                 shards=None):
         """dynamic_spec: a DynamicSpec makes the item table dynamic (raw ids); attributes:
         int [items + 1, M], row r the attribute ids 1..config.attributes of item row r,
-        0-padded (with config.attributes > 0 only)."""
+        0-padded (with config.attributes > 0 only); shards: a core.parallel.rows.RowShards of
+        items + 1 rows: this process holds its rows of the item table only, and reads the
+        others from their owners."""
         super().__init__(name=config.model)
         if config.model not in MODELS:
             raise ValueError(f"--model must be one of {list(MODELS)}, found {config.model!r}")
@@ -96,7 +105,11 @@ class Encoder(tf.Module):
                              f"{config.heads}")
         self.config, c = config, config
         w = NamedWeights(c.seed)
-        self.items = w.normal("item_embeddings", [c.items + 1, c.width], c.width ** -0.5)
+        if shards is not None and (dynamic_spec is not None or shards.rows != c.items + 1):
+            raise ValueError("a table split by rows needs a static item table of items + 1 rows")
+        self.shards, self._read = shards, None
+        self.items = w.normal("item_embeddings", [c.items + 1, c.width], c.width ** -0.5,
+                              None if shards is None else shards.held)
         self.positions = w.normal("positions", [c.length, c.width], c.width ** -0.5)
         self.blocks = []
         for b in range(c.blocks):
@@ -162,7 +175,7 @@ class Encoder(tf.Module):
         c = self.config
         valid = tf.cast(ids > 0, tf.float32)[:, :, None]
         # fewer than L columns: the most recent ones (left padding cut), at their positions
-        x = self.item_vectors(ids) * (c.width ** 0.5) + \
+        x = self.item_vectors(ids, "history") * (c.width ** 0.5) + \
             self.positions[c.length - tf.shape(ids)[1]:]
         x = dropout(x, c.dropout, seed, 1) * valid
         # key j is visible from query i when j <= i and j holds an item (or is i itself, so
@@ -209,11 +222,18 @@ class Encoder(tf.Module):
                           lambda g: dropout(g, c.dropout, seed, key + 1))
 
     # ---- scoring ---------------------------------------------------------------------------
-    def item_vectors(self, rows=None):
+    def item_vectors(self, rows=None, read: str = "catalogue"):
         """Item vectors as read and scored: an item's row of the item table, plus the mean of
         its attributes' rows when the model has attributes. rows=None: every row's [N + 1, d];
-        else those of `rows` (any shape), gathered: their gradient is rows of the tables."""
-        if rows is None:
+        else those of `rows` (any shape), gathered: their gradient is rows of the tables.
+        read: names this read's collectives when the table is split by rows (each read of a
+        step its own name, alike on every rank)."""
+        if self._read is not None:
+            return self._read if rows is None else tf.gather(self._read, rows)
+        if self.shards is not None:
+            items = self.shards.whole(self.items, item_read_name(read)) if rows is None else \
+                self.shards.lookup(self.items, rows, item_read_name(read))
+        elif rows is None:
             items = self.items
         else:
             items = tf.nn.embedding_lookup(self.items, rows)
@@ -228,10 +248,21 @@ class Encoder(tf.Module):
         """[N, d] the items 1..N as scored (row 0, the padding, is never a candidate)."""
         return self._as_scored(self.item_vectors()[1:])
 
-    def scored_items(self, rows):
+    def scored_items(self, rows, read: str):
         """catalogue()'s vectors of item rows `rows` (1..N, any shape), computed for those
         rows only: a sampled loss's cost and gradient follow the batch, not the catalogue."""
-        return self._as_scored(self.item_vectors(rows))
+        return self._as_scored(self.item_vectors(rows, read))
+
+    @contextlib.contextmanager
+    def reading(self, vectors):
+        """Within: item_vectors() reads `vectors` (its own value, every row, computed once,
+        e.g. before an evaluation's batches: a split table's collectives then run once, not
+        once per batch on ranks with different batch counts); None: the tables."""
+        self._read = vectors
+        try:
+            yield
+        finally:
+            self._read = None
 
     def queries(self, vectors):
         """History vectors as scored: normalised, over the temperature."""

@@ -18,9 +18,11 @@ import tensorflow as tf
 from core.fused_ops import softmax_cross_entropy_rows
 from core.optimizers import make_optimizer
 from core.parallel.comm import Communicator
+from core.parallel.rows import collective_names
 from retrieval.metrics import both_protocols, full_ranks
+from retrieval.model import item_read_name
 from training import OptimizerGroup, Trainer, compute_dtype_for
-from training.checkpoint import with_slots
+from training.checkpoint import slot_row_ranges, with_slots
 from training.engine import DEFAULT_DIVERGENCE_FACTOR, mean_share
 
 ITEM_IDS, TIMESTAMPS = "item_ids", "timestamps"
@@ -73,8 +75,9 @@ def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, c
                 tf.equal(sampled[:, None], batch_ids[None, :]), counts[None, :], 0.0), 1)
             target_expected += uniform_share
     queries = tf.cast(model.queries(vectors), compute_dtype)
-    positive = tf.reduce_sum(tf.cast(queries, tf.float32) * model.scored_items(targets), -1)
-    negative = tf.cast(tf.matmul(queries, tf.cast(model.scored_items(sampled), compute_dtype),
+    positive = tf.reduce_sum(tf.cast(queries, tf.float32) * model.scored_items(targets, "targets"), -1)
+    negative = tf.cast(tf.matmul(queries, tf.cast(model.scored_items(sampled, "negatives"),
+                                                       compute_dtype),
                                  transpose_b=True), tf.float32) - tf.math.log(expected)
     negative = tf.where(tf.equal(targets[:, None], sampled[None, :]), -1e9, negative)
     logits = tf.concat([(positive - tf.math.log(target_expected))[:, None], negative], 1)
@@ -115,6 +118,14 @@ class RetrievalTask:
         # a dynamic table maps the global batch's ids: they are gathered first (named, as
         # every collective, so the ranks match it)
         self.lookup_collectives = ("dynamic_item_ids",) if model.dynamic is not None else ()
+        # a table split by rows: each read of a step is a routed lookup, its gradient the
+        # rows this rank holds, already summed over the ranks' batches by the lookup
+        self.row_split = ("item_embeddings",) if model.shards is not None else ()
+        if model.shards is not None:
+            reads = ("history", "targets", "negatives") if loss == "sampled" else \
+                ("history", "catalogue")
+            self.lookup_collectives = tuple(name for read in reads
+                                            for name in collective_names(item_read_name(read)))
         self.negatives, self.num_negatives = negatives, num_negatives
         self.dense_variables = dict(model.named)
         # a sampled loss reads the item (and attribute) tables by gathers: their gradient is
@@ -225,12 +236,18 @@ class RetrievalTrainer(Trainer):
         # evaluation batches are cut to their longest history (any length)
         trimmed = tf.nest.map_structure(lambda x: tf.TensorSpec([None, None], x.dtype),
                                         signature[0])
-        self._ranks = tf.function(self._ranks_of, input_signature=[trimmed], autograph=False)
+        items = tf.TensorSpec([None, model.config.width], tf.float32)
+        self._ranks = tf.function(self._ranks_of, input_signature=[trimmed, items],
+                                  autograph=False)
 
-    def _ranks_of(self, features):
+    def _ranks_of(self, features, items):
         """Each row's target's rank [b, 2]: among every candidate item, and among those the
         user has not seen (the target kept); a target without a row (a dynamic table's
-        unknown id) ranks last."""
+        unknown id) ranks last. items: the model's item_vectors()."""
+        with self.model.reading(items):
+            return self._read_ranks(features)
+
+    def _read_ranks(self, features):
         history, target = evaluated(with_rows(self.model, features))
         vectors = self.model.encode(history[ITEM_IDS], history.get(TIMESTAMPS),
                                     compute_dtype=self.compute_dtype)
@@ -244,13 +261,24 @@ class RetrievalTrainer(Trainer):
         pass: METRIC_KEYS over every item, filtered_<key> without the user's seen items
         (the target kept). This rank's rows; rank 0 gathers every rank's ranks and
         broadcasts the figures."""
-        ranks = [self._ranks(rows).numpy() for rows in by_length(batches)]
+        # once per evaluation, on every rank alike (a split table's rows gathered)
+        items = self.model.item_vectors(read="evaluation")
+        items = tf.convert_to_tensor(items)
+        ranks = [self._ranks(rows, items).numpy() for rows in by_length(batches)]
         ranks = np.concatenate(ranks) if ranks else np.zeros((0, 2), np.int32)
         return both_protocols(self.comm, ranks)
 
     def named_state(self) -> dict:
         """The model's variables and the optimizer's slots, by checkpoint name."""
         return with_slots(dict(self.model.named), self.optimizer)
+
+    def row_ranges(self) -> dict:
+        """{checkpoint name: (first row, stop, rows)} of the state this rank holds rows of (a
+        table split by rows: its rows and their optimizer slots; training/checkpoint.py)."""
+        shards = self.model.shards
+        if shards is None:
+            return {}
+        return slot_row_ranges({"item_embeddings": (*shards.held, shards.rows)}, self.optimizer)
 
     def dynamic_tables(self) -> dict:
         """{name: (its map, the named_state entries whose rows it indexes)} of a dynamic item

@@ -292,3 +292,14 @@ def test_a_static_table_leaves_out_and_counts_ids_outside_it(tmp_path):
     np.testing.assert_array_equal(top[0], top[1])
     np.testing.assert_array_equal(top[0], brute_force(model, [3, 9, 8], range(1, 11)))
     assert unknown.tolist() == [2, 0]
+
+
+def test_an_open_vocabulary_split_by_rows_is_one_line(data, tmp_path):
+    """--sharding row splits a static table; the dynamic one (mapped on every process) is
+    refused at the start, naming the flag to give instead."""
+    out = tmp_path / "run"
+    line = one_error(run_main("--dataset_dir", data, "--output_dir", str(out), *TINY,
+                              "--dynamic_features", "item_ids", "--sharding", "row"))
+    assert line.startswith("error: --sharding row splits a static item table") and \
+        "--sharding data_parallel" in line, line
+    assert not os.path.exists(out / "checkpoint")

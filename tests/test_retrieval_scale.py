@@ -256,7 +256,8 @@ SECTION_SMOKE = {
 def section_line(line: str, tmp_path) -> str:
     """A README line at toy size: paths under /tmp moved into tmp_path, sizes swapped."""
     line = line.replace("/tmp/", f"{tmp_path}/")  # before the interpreter's path (may be there)
-    line = re.sub(r"^(\.venv/bin/)?python ", f"{sys.executable} ", line)
+    line = re.sub(r"(^|\s)(\.venv/bin/)?python ", rf"\g<1>{sys.executable} ", line)
+    line = re.sub(r"^horovodrun ", f"{os.path.dirname(sys.executable)}/horovodrun ", line)
     for program, (values, extra) in SECTION_SMOKE.items():
         if program in line:
             for flag, value in values.items():
@@ -278,3 +279,38 @@ def test_the_readmes_catalogue_scale_lines_run_at_toy_size(tmp_path):
         assert proc.returncode == 0, f"{line}\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}"
         if "retrieval.serve" in line:
             assert re.match(r"1( \d+){10}\n2( \d+){10}\n$", proc.stdout), proc.stdout
+
+
+@pytest.mark.parametrize("start, stop", [(0, 37), (0, 15), (15, 37), (9, 9), (30, 37)])
+def test_a_split_tables_rows_are_those_rows_of_the_whole_draw(monkeypatch, start, stop):
+    """NamedWeights.normal(rows=...) draws a few rows at a time (here 4, so the ranges cross
+    blocks) and keeps its own: a process of --sharding row holds exactly its rows of the
+    table one process would draw, and never the whole."""
+    from core import hstu
+    monkeypatch.setattr(hstu, "DRAWN_ROWS", 4)
+    whole = hstu.NamedWeights(5).normal("t", [37, 3], 0.5).numpy()
+    rows = hstu.NamedWeights(5).normal("t", [37, 3], 0.5, (start, stop)).numpy()
+    np.testing.assert_array_equal(rows, whole[start:stop])
+
+
+def test_row_shards_read_any_rows_and_send_their_gradient_to_the_table():
+    """In one process RowShards' lookup is a gather (its gradient the rows read, duplicates
+    summed) and whole() the table; the bounds split rows as the ranking families' row_wise."""
+    from core.parallel.comm import Communicator
+    from core.parallel.rows import RowShards
+
+    class Rank1Of3(Communicator):
+        rank, size = 1, 3
+    assert RowShards(Rank1Of3(), 31).bounds == (0, 10, 20, 31)
+    assert RowShards(Rank1Of3(), 31).held == (10, 20)
+    shards = RowShards(Communicator(), 6)
+    table = tf.Variable(np.arange(12, dtype=np.float32).reshape(6, 2))
+    ids = tf.constant([[4, 1], [4, 0]], tf.int64)
+    with tf.GradientTape() as tape:
+        read = shards.lookup(table, ids, "t")
+        loss = tf.reduce_sum(read * [1.0, 2.0])
+    np.testing.assert_array_equal(read.numpy(), table.numpy()[ids.numpy()])
+    want = np.zeros((6, 2), np.float32)
+    np.add.at(want, ids.numpy().ravel(), [1.0, 2.0])
+    np.testing.assert_array_equal(tf.convert_to_tensor(tape.gradient(loss, table)).numpy(), want)
+    np.testing.assert_array_equal(shards.whole(table, "w").numpy(), table.numpy())

@@ -133,19 +133,20 @@ def test_linear_lr_decay_falls_to_zero_at_the_last_epoch(data, tmp_path):
         assert rate == pytest.approx(0.01 * (total - update) / total), step
 
 
-def one_and_two_processes(common, tmp_path) -> None:
+def one_and_two_processes(common, tmp_path) -> str:
     """Train `common` in tmp_path/one on one process and tmp_path/two on two; the kept epoch
-    and the figures agree."""
+    and the figures agree. Returns the two processes' output."""
     require_or_skip(os.path.exists(HOROVODRUN), f"horovodrun not found at {HOROVODRUN}")
     retrieval(*common, "--output_dir", str(tmp_path / "one"))
-    retrieval(*common, "--output_dir", str(tmp_path / "two"), launcher=horovodrun(2),
-              timeout=400)
+    two_processes = retrieval(*common, "--output_dir", str(tmp_path / "two"),
+                              launcher=horovodrun(2), timeout=400)
     one, two = results(tmp_path / "one"), results(tmp_path / "two")
     assert one["best_epoch"] == two["best_epoch"]
     # the ranks sum gradients in another order: a near tie may flip for one of 300 users
     for split in ("valid", "test"):
         for key, value in one[split].items():
             assert two[split][key] == pytest.approx(value, abs=1.01 / 300), (split, key)
+    return two_processes.stdout
 
 
 def test_two_processes_give_the_figures_of_one(data, tmp_path):
@@ -157,6 +158,25 @@ def test_two_processes_give_the_figures_of_one(data, tmp_path):
     # over the temperature amplify it)
     np.testing.assert_allclose(losses[0][:2], losses[1][:2], rtol=1e-5)
     np.testing.assert_allclose(losses[0], losses[1], rtol=3e-3)
+
+
+@pytest.mark.parametrize("loss", ["full", "sampled"])
+def test_an_item_table_split_by_rows_over_two_processes_trains_as_one(data, tmp_path, loss):
+    """--sharding row: each process holds half the rows (and their Adam slots) and reads the
+    others from their owner; the figures and the saved whole table are one process's (whole
+    table, data-parallel) up to the order of the sums. Uniform negatives: drawn alike on every
+    rank (in-batch ones are each process's batch)."""
+    common = ["--model", "hstu", "--dataset_dir", data, *TINY, "--epochs", "2", "--loss", loss,
+              "--negatives", "uniform"]
+    retrieval(*common, "--output_dir", str(tmp_path / "whole"))
+    output = one_and_two_processes([*common, "--sharding", "row"], tmp_path)
+    whole, split = (np.load(tmp_path / run / "checkpoint" / "arrays.npz") for run in ("whole", "two"))
+    for name in ("item_embeddings", "item_embeddings/m", "block_0/uvqk"):
+        assert split[name].shape == whole[name].shape, name
+        np.testing.assert_allclose(split[name], whole[name], atol=2e-3, err_msg=name)
+    assert results(tmp_path / "one") == results(tmp_path / "whole")
+    # 30 items and the padding row: rows 0..14 on rank 0, 15..30 on rank 1
+    assert "item table split by rows over 2 processes: rows 0-14, 15-30" in output, output[-2000:]
 
 
 def test_exported_top_k_is_a_brute_force_over_the_saved_table(data, tmp_path):

@@ -23,6 +23,9 @@ nothing is evaluated, saved or exported after a divergence.
 
 A family supplies a task object with:
   dense_variables: dict  name -> tf.Variable (summed across ranks)
+  row_split (optional): names of dense variables split by rows over the ranks, read through
+      routed lookups whose backward pass already brings each rank its rows' gradient summed
+      over the ranks: not summed again (e.g. retrieval's item table under --sharding row)
   row_updated (optional): names of dense variables updated in the rows their gradient holds
       when it is rows (tf.IndexedSlices: the loss read them by gathers only), as tables are
       (e.g. retrieval's item table under a sampled loss); any other dense gradient is dense
@@ -185,6 +188,7 @@ class Trainer:
         self.divergence_hint, self.divergence_factor = divergence_hint, float(divergence_factor)
         self.dense_vars = dict(task.dense_variables)
         self.row_updated = frozenset(getattr(task, "row_updated", ()))
+        self.row_split = frozenset(getattr(task, "row_split", ()))
         self.trained_tables = list(task.tables)
         self._group_of = {v.ref(): i for i, g in enumerate(self.groups) for v in g.variables}
         self.diverged_at = tf.Variable(-1, dtype=tf.int64, trainable=False, name="diverged_at")
@@ -232,7 +236,8 @@ class Trainer:
         table_grads, source_grads = grads[:len(table_vars)], grads[len(table_vars):]
         # named collectives: Horovod matches them across ranks by name, and the names it
         # generates differ between ranks whose graphs differ (e.g. one without tables)
-        dense_grads = [self.comm.allreduce_sum(g, name=dense_gradient_name(name))
+        dense_grads = [g if name in self.row_split else
+                       self.comm.allreduce_sum(g, name=dense_gradient_name(name))
                        for name, g in zip(self.dense_vars, dense_grads)]
         table_grads = [self._table_gradient(t, g) for t, g in zip(self.trained_tables, table_grads)]
         if self.loss_scale.dynamic:
@@ -288,8 +293,8 @@ class Trainer:
             optimizer, rate = self.groups[group].optimizer, learning_rates[group]
             if isinstance(grad, tf.IndexedSlices) and name in self.row_updated:
                 optimizer.apply_sparse(var, grad, rate)
-            else:
-                optimizer.apply_dense(var, grad, rate)
+            else:  # a split table's rows (routed lookups) summed into its dense gradient
+                optimizer.apply_dense(var, tf.convert_to_tensor(grad), rate)
         for table, grad in zip(self.trained_tables, table_grads):
             group = self._group_of[table.variable.ref()]
             distinct = table.distinct_rows and not (table.replicated and self.comm.size > 1)
@@ -315,7 +320,8 @@ class Trainer:
         """The collectives of one step by name: a function of the task alone, hence the same
         on every rank (Horovod matches them by name)."""
         names = list(self.task.lookup_collectives)
-        names += [dense_gradient_name(name) for name in self.dense_vars]
+        names += [dense_gradient_name(name) for name in self.dense_vars
+                  if name not in self.row_split]
         names += [replicated_gradient_name(t.key) for t in self.trained_tables if t.replicated]
         names += [t.row_zero_sum for t in self.trained_tables if t.row_zero_sum]
         return names + (["nonfinite_count"] if self.loss_scale.dynamic else []) + ["loss"]

@@ -64,3 +64,25 @@ def range_lookup(comm, bounds, variables, ids, name: str):
 def collective_names(name: str) -> list:
     """The collectives routed_lookup issues under `name`, in order."""
     return [f"{name}_ids", f"{name}_vectors", f"{name}_vectors_grad"]
+
+
+class RowShards:
+    """A table of `rows` rows split evenly over the ranks in contiguous ranges, rank r holding
+    rows rows·r//W .. rows·(r+1)//W (the ranking families' row_wise), read by range_lookup:
+    lookup(variable, ids, name) gives the vectors of any ids and sends their gradient to
+    the owners; whole(variable, name) every row on every rank (differentiable too)."""
+
+    def __init__(self, comm, rows: int):
+        self.comm, self.rows = comm, int(rows)
+        self.bounds = tuple(self.rows * r // comm.size for r in range(comm.size + 1))
+
+    @property
+    def held(self) -> tuple:
+        """(start, stop) of this rank's rows."""
+        return self.bounds[self.comm.rank], self.bounds[self.comm.rank + 1]
+
+    def lookup(self, variable, ids, name: str):
+        return range_lookup(self.comm, self.bounds, [variable], ids, name)[0]
+
+    def whole(self, variable, name: str):
+        return self.lookup(variable, tf.range(self.rows, dtype=tf.int64), name)
