@@ -3,6 +3,7 @@ processes give one process's figures, the exported SavedModel's top-k is a brute
 its saved item table, and a dynamic item table takes and serves raw ids."""
 import json
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -177,6 +178,17 @@ def test_an_item_table_split_by_rows_over_two_processes_trains_as_one(data, tmp_
     assert results(tmp_path / "one") == results(tmp_path / "whole")
     # 30 items and the padding row: rows 0..14 on rank 0, 15..30 on rank 1
     assert "item table split by rows over 2 processes: rows 0-14, 15-30" in output, output[-2000:]
+    if loss == "full":
+        # the same checkpoint evaluated by 2 split processes (each ranks its users against
+        # the gathered catalogue) and by 1: the same ranks, so the same figures
+        common = ["--dataset_dir", data, *TINY, "--mode", "eval", "--output_dir"]
+        shutil.copytree(tmp_path / "two", tmp_path / "eval_two")
+        retrieval(*common, str(tmp_path / "eval_two"), "--sharding", "row",
+                  launcher=horovodrun(2), timeout=400)
+        retrieval(*common, str(tmp_path / "two"))
+        split, single = results(tmp_path / "eval_two"), results(tmp_path / "two")
+        for protocol in PROTOCOLS:
+            assert split[protocol] == pytest.approx(single[protocol], abs=1e-12), protocol
 
 
 def test_exported_top_k_is_a_brute_force_over_the_saved_table(data, tmp_path):
@@ -286,7 +298,6 @@ def test_bad_requests_end_in_one_error_line(data, tmp_path, flags, culprit):
 def test_an_id_outside_the_static_table_is_one_error_line(data, tmp_path):
     """A spec whose catalogue is smaller than the ids in the files: the reader stops at the
     first id outside 1..N, naming the feature and where."""
-    import shutil
     import yaml
     bad = tmp_path / "bad"
     shutil.copytree(data, bad)
