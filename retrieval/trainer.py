@@ -75,9 +75,10 @@ def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, c
                 tf.equal(sampled[:, None], batch_ids[None, :]), counts[None, :], 0.0), 1)
             target_expected += uniform_share
     queries = tf.cast(model.queries(vectors), compute_dtype)
-    positive = tf.reduce_sum(tf.cast(queries, tf.float32) * model.scored_items(targets, "targets"), -1)
+    positive = tf.reduce_sum(
+        tf.cast(queries, tf.float32) * model.scored_items(targets, "targets"), -1)
     negative = tf.cast(tf.matmul(queries, tf.cast(model.scored_items(sampled, "negatives"),
-                                                       compute_dtype),
+                                                  compute_dtype),
                                  transpose_b=True), tf.float32) - tf.math.log(expected)
     negative = tf.where(tf.equal(targets[:, None], sampled[None, :]), -1e9, negative)
     logits = tf.concat([(positive - tf.math.log(target_expected))[:, None], negative], 1)

@@ -3,7 +3,6 @@ processes give one process's figures, the exported SavedModel's top-k is a brute
 its saved item table, and a dynamic item table takes and serves raw ids."""
 import json
 import os
-import shutil
 import sys
 
 import numpy as np
@@ -161,36 +160,6 @@ def test_two_processes_give_the_figures_of_one(data, tmp_path):
     np.testing.assert_allclose(losses[0], losses[1], rtol=3e-3)
 
 
-@pytest.mark.parametrize("loss", ["full", "sampled"])
-def test_an_item_table_split_by_rows_over_two_processes_trains_as_one(data, tmp_path, loss):
-    """--sharding row: each process holds half the rows (and their Adam slots) and reads the
-    others from their owner; the figures and the saved whole table are one process's (whole
-    table, data-parallel) up to the order of the sums. Uniform negatives: drawn alike on every
-    rank (in-batch ones are each process's batch)."""
-    common = ["--model", "hstu", "--dataset_dir", data, *TINY, "--epochs", "2", "--loss", loss,
-              "--negatives", "uniform"]
-    retrieval(*common, "--output_dir", str(tmp_path / "whole"))
-    output = one_and_two_processes([*common, "--sharding", "row"], tmp_path)
-    whole, split = (np.load(tmp_path / run / "checkpoint" / "arrays.npz") for run in ("whole", "two"))
-    for name in ("item_embeddings", "item_embeddings/m", "block_0/uvqk"):
-        assert split[name].shape == whole[name].shape, name
-        np.testing.assert_allclose(split[name], whole[name], atol=2e-3, err_msg=name)
-    assert results(tmp_path / "one") == results(tmp_path / "whole")
-    # 30 items and the padding row: rows 0..14 on rank 0, 15..30 on rank 1
-    assert "item table split by rows over 2 processes: rows 0-14, 15-30" in output, output[-2000:]
-    if loss == "full":
-        # the same checkpoint evaluated by 2 split processes (each ranks its users against
-        # the gathered catalogue) and by 1: the same ranks, so the same figures
-        common = ["--dataset_dir", data, *TINY, "--mode", "eval", "--output_dir"]
-        shutil.copytree(tmp_path / "two", tmp_path / "eval_two")
-        retrieval(*common, str(tmp_path / "eval_two"), "--sharding", "row",
-                  launcher=horovodrun(2), timeout=400)
-        retrieval(*common, str(tmp_path / "two"))
-        split, single = results(tmp_path / "eval_two"), results(tmp_path / "two")
-        for protocol in PROTOCOLS:
-            assert split[protocol] == pytest.approx(single[protocol], abs=1e-12), protocol
-
-
 def test_exported_top_k_is_a_brute_force_over_the_saved_table(data, tmp_path):
     import tensorflow as tf
     out = str(tmp_path / "run")
@@ -298,6 +267,7 @@ def test_bad_requests_end_in_one_error_line(data, tmp_path, flags, culprit):
 def test_an_id_outside_the_static_table_is_one_error_line(data, tmp_path):
     """A spec whose catalogue is smaller than the ids in the files: the reader stops at the
     first id outside 1..N, naming the feature and where."""
+    import shutil
     import yaml
     bad = tmp_path / "bad"
     shutil.copytree(data, bad)
