@@ -49,7 +49,8 @@ LOSSES = ("full", "sampled")
 NEGATIVES = ("uniform", "in_batch", "mixed")
 
 
-def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, compute_dtype):
+def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, compute_dtype,
+                    batch_targets=None):
     """Per-pair softmax cross-entropy of each target against sampled negatives, for
     catalogues too large to score whole: `uniform` draws `count` ids of 1..N shared by the
     batch; `in_batch` takes the batch's distinct targets; `mixed` both (Yang et al., 2020:
@@ -57,7 +58,9 @@ def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, c
     equal to the pair's target (an accidental hit) is dropped, and every logit (the
     target's too) is corrected by the log of its item's expected count among the negatives
     (logQ: `count` / N for a uniform draw, its count among the batch's targets for an
-    in-batch one, their sum for mixed), so the sampled loss estimates the full one."""
+    in-batch one, their sum for mixed), so the sampled loss estimates the full one.
+    batch_targets: the global batch's targets, whose distinct ids are the in-batch negatives
+    (several processes: every process's, gathered in rank order); default `targets`."""
     items = model.config.items
     uniform_share = tf.cast(count, tf.float32) / items
     def drawn():
@@ -66,13 +69,17 @@ def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, c
         sampled, expected, target_expected = drawn(), tf.fill([count], uniform_share), \
             uniform_share[None]
     else:
-        batch_ids, position, counts = tf.unique_with_counts(targets, out_idx=tf.int64)
+        batch_ids, _, counts = tf.unique_with_counts(
+            targets if batch_targets is None else batch_targets, out_idx=tf.int64)
         counts = tf.cast(counts, tf.float32)
-        sampled, expected, target_expected = batch_ids, counts, tf.gather(counts, position)
+
+        def count_of(ids):  # each id's count among the batch's targets
+            return tf.reduce_sum(tf.where(tf.equal(ids[:, None], batch_ids[None, :]),
+                                          counts[None, :], 0.0), 1)
+        sampled, expected, target_expected = batch_ids, counts, count_of(targets)
         if negatives == "mixed":
             sampled = tf.concat([batch_ids, drawn()], 0)
-            expected = uniform_share + tf.reduce_sum(tf.where(
-                tf.equal(sampled[:, None], batch_ids[None, :]), counts[None, :], 0.0), 1)
+            expected = uniform_share + count_of(sampled)
             target_expected += uniform_share
     queries = tf.cast(model.queries(vectors), compute_dtype)
     positive = tf.reduce_sum(
@@ -128,6 +135,10 @@ class RetrievalTask:
             self.lookup_collectives = tuple(name for read in reads
                                             for name in collective_names(item_read_name(read)))
         self.negatives, self.num_negatives = negatives, num_negatives
+        # in-batch negatives are the global batch's targets: every process's, gathered, so N
+        # processes take one process's step
+        self.gathers_targets = self.sampled and negatives != "uniform" and self.comm.size > 1
+        self.lookup_collectives += ("batch_targets",) if self.gathers_targets else ()
         self.dense_variables = dict(model.named)
         # a sampled loss reads the item (and attribute) tables by gathers: their gradient is
         # the rows a step touched, updated lazily, so a step's cost follows the batch
@@ -164,8 +175,11 @@ class RetrievalTask:
         pairs = (history[ITEM_IDS] > 0) & (following > 0)
         vectors, targets = tf.boolean_mask(vectors, pairs), tf.boolean_mask(following, pairs)
         if self.sampled:
+            everyone = self.comm.allgather(targets, name="batch_targets") \
+                if self.gathers_targets else None
             per_pair = sampled_softmax(self.model, vectors, targets, self.negatives,
-                                       self.num_negatives, seed[0] + [0, 7], compute_dtype)
+                                       self.num_negatives, seed[0] + [0, 7], compute_dtype,
+                                       everyone)
         else:
             per_pair = full_softmax(self.model, vectors, targets, compute_dtype)
         return mean_share(per_pair, global_rows)

@@ -20,10 +20,9 @@ def data(tmp_path_factory):
 def test_an_item_table_split_by_rows_over_two_processes_trains_as_one(data, tmp_path, loss):
     """--sharding row: each process holds half the rows (and their Adam slots) and reads the
     others from their owner; the figures and the saved whole table are one process's (whole
-    table, data-parallel) up to the order of the sums. Uniform negatives: drawn alike on every
-    rank (in-batch ones are each process's batch)."""
-    common = ["--model", "hstu", "--dataset_dir", data, *TINY, "--epochs", "2", "--loss", loss,
-              "--negatives", "uniform"]
+    table, data-parallel) up to the order of the sums. The sampled loss at its default
+    negatives: in-batch ones are the global batch's targets, gathered from every process."""
+    common = ["--model", "hstu", "--dataset_dir", data, *TINY, "--epochs", "2", "--loss", loss]
     retrieval(*common, "--output_dir", str(tmp_path / "whole"))
     output = one_and_two_processes([*common, "--sharding", "row"], tmp_path)
     whole, split = (np.load(tmp_path / run / "checkpoint" / "arrays.npz")
