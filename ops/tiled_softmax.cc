@@ -22,7 +22,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
+#include <string>
 #include <vector>
 
 #include "tensorflow/core/framework/op.h"
@@ -80,7 +82,7 @@ REGISTER_OP("TiledTargetRanks")
 
 namespace {
 
-constexpr int64_t kTile = 192;  // items per tile: a multiple of 16 (Logits) and 24 (AddQG)
+constexpr int64_t kTile = 192;  // items per tile: a multiple of 32 (Logits16) and 48 (AddQG16)
 constexpr int64_t kRows = 48;   // rows per chunk of logits: a multiple of 6
 // item ranges: a fixed count (sums do not depend on the threads), several per thread (a
 // thread slowed by other work on its core leaves its ranges to the others)
@@ -129,7 +131,7 @@ float Dot(const float* q, const float* t, int64_t d) {
 
 // S[r][c] = sum_k Q[r][k] Tt[k][c]: rows a multiple of 6, kTile columns, Q [rows][D],
 // Tt [D][kTile], S [rows][kTile].
-void Logits(const float* Q, int64_t D, const float* Tt, int64_t rows, float* S) {
+void Logits8(const float* Q, int64_t D, const float* Tt, int64_t rows, float* S) {
   for (int64_t c = 0; c < kTile; c += 16) {
     for (int64_t r = 0; r < rows; r += 6) {
       __m256 acc[6][2];
@@ -154,7 +156,7 @@ void Logits(const float* Q, int64_t D, const float* Tt, int64_t rows, float* S) 
 
 // dQ[r][k] += sum_c G[r][c] Tr[c][k]: rows a multiple of 6, D a multiple of 16,
 // G [rows][kTile], Tr [kTile][D], dQ [rows][D].
-void AddGT(const float* G, const float* Tr, int64_t D, int64_t rows, float* dQ) {
+void AddGT8(const float* G, const float* Tr, int64_t D, int64_t rows, float* dQ) {
   for (int64_t k = 0; k < D; k += 16) {
     for (int64_t r = 0; r < rows; r += 6) {
       __m256 acc[6][2];
@@ -181,7 +183,7 @@ void AddGT(const float* G, const float* Tr, int64_t D, int64_t rows, float* dQ) 
 
 // dTt[k][c] += sum_r Q[r][k] G[r][c]: D a multiple of 4, Q [rows][D], G [rows][kTile],
 // dTt [D][kTile].
-void AddQG(const float* Q, int64_t D, const float* G, int64_t rows, float* dTt) {
+void AddQG8(const float* Q, int64_t D, const float* G, int64_t rows, float* dTt) {
   for (int64_t c = 0; c < kTile; c += 24) {  // a column slab of G stays in L1 across k
     for (int64_t k = 0; k < D; k += 4) {
       __m256 acc[4][3];
@@ -202,6 +204,108 @@ void AddQG(const float* Q, int64_t D, const float* G, int64_t rows, float* dTt) 
         for (int j = 0; j < 3; ++j) _mm256_storeu_ps(dTt + (k + i) * kTile + c + 8 * j, acc[i][j]);
     }
   }
+}
+
+// The same three products with 16 lanes (AVX-512), for CPUs that have it: each lane runs the
+// same chain of FMAs in the same order as the 8-lane code's, so the results are bit for bit
+// the same (tests/test_tiled_softmax.py runs both on such a CPU); only more items (or
+// columns of dQ) go through one instruction.
+__attribute__((target("avx512f")))
+void Logits16(const float* Q, int64_t D, const float* Tt, int64_t rows, float* S) {
+  for (int64_t c = 0; c < kTile; c += 32) {
+    for (int64_t r = 0; r < rows; r += 6) {
+      __m512 acc[6][2];
+      for (int i = 0; i < 6; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+      const float* q = Q + r * D;
+      for (int64_t k = 0; k < D; ++k) {
+        const __m512 b0 = _mm512_loadu_ps(Tt + k * kTile + c);
+        const __m512 b1 = _mm512_loadu_ps(Tt + k * kTile + c + 16);
+        for (int i = 0; i < 6; ++i) {
+          const __m512 a = _mm512_set1_ps(q[i * D + k]);
+          acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
+          acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+        }
+      }
+      for (int i = 0; i < 6; ++i) {
+        _mm512_storeu_ps(S + (r + i) * kTile + c, acc[i][0]);
+        _mm512_storeu_ps(S + (r + i) * kTile + c + 16, acc[i][1]);
+      }
+    }
+  }
+}
+
+// D a multiple of 32 (the caller falls back to AddGT8 otherwise).
+__attribute__((target("avx512f")))
+void AddGT16(const float* G, const float* Tr, int64_t D, int64_t rows, float* dQ) {
+  for (int64_t k = 0; k < D; k += 32) {
+    for (int64_t r = 0; r < rows; r += 6) {
+      __m512 acc[6][2];
+      for (int i = 0; i < 6; ++i) {
+        acc[i][0] = _mm512_loadu_ps(dQ + (r + i) * D + k);
+        acc[i][1] = _mm512_loadu_ps(dQ + (r + i) * D + k + 16);
+      }
+      for (int64_t c = 0; c < kTile; ++c) {
+        const __m512 b0 = _mm512_loadu_ps(Tr + c * D + k);
+        const __m512 b1 = _mm512_loadu_ps(Tr + c * D + k + 16);
+        for (int i = 0; i < 6; ++i) {
+          const __m512 a = _mm512_set1_ps(G[(r + i) * kTile + c]);
+          acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
+          acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+        }
+      }
+      for (int i = 0; i < 6; ++i) {
+        _mm512_storeu_ps(dQ + (r + i) * D + k, acc[i][0]);
+        _mm512_storeu_ps(dQ + (r + i) * D + k + 16, acc[i][1]);
+      }
+    }
+  }
+}
+
+__attribute__((target("avx512f")))
+void AddQG16(const float* Q, int64_t D, const float* G, int64_t rows, float* dTt) {
+  for (int64_t c = 0; c < kTile; c += 48) {
+    for (int64_t k = 0; k < D; k += 4) {
+      __m512 acc[4][3];
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 3; ++j)
+          acc[i][j] = _mm512_loadu_ps(dTt + (k + i) * kTile + c + 16 * j);
+      for (int64_t r = 0; r < rows; ++r) {
+        const __m512 b0 = _mm512_loadu_ps(G + r * kTile + c);
+        const __m512 b1 = _mm512_loadu_ps(G + r * kTile + c + 16);
+        const __m512 b2 = _mm512_loadu_ps(G + r * kTile + c + 32);
+        for (int i = 0; i < 4; ++i) {
+          const __m512 a = _mm512_set1_ps(Q[r * D + k + i]);
+          acc[i][0] = _mm512_fmadd_ps(a, b0, acc[i][0]);
+          acc[i][1] = _mm512_fmadd_ps(a, b1, acc[i][1]);
+          acc[i][2] = _mm512_fmadd_ps(a, b2, acc[i][2]);
+        }
+      }
+      for (int i = 0; i < 4; ++i)
+        for (int j = 0; j < 3; ++j)
+          _mm512_storeu_ps(dTt + (k + i) * kTile + c + 16 * j, acc[i][j]);
+    }
+  }
+}
+
+// 16 lanes where the CPU has AVX-512 and TILED_SOFTMAX_LANES is not 8 (a test's switch).
+bool WideLanes() {
+  static const bool wide = [] {
+    const char* lanes = std::getenv("TILED_SOFTMAX_LANES");
+    return __builtin_cpu_supports("avx512f") && !(lanes && std::string(lanes) == "8");
+  }();
+  return wide;
+}
+
+void Logits(const float* Q, int64_t D, const float* Tt, int64_t rows, float* S) {
+  WideLanes() ? Logits16(Q, D, Tt, rows, S) : Logits8(Q, D, Tt, rows, S);
+}
+
+void AddGT(const float* G, const float* Tr, int64_t D, int64_t rows, float* dQ) {
+  WideLanes() && D % 32 == 0 ? AddGT16(G, Tr, D, rows, dQ) : AddGT8(G, Tr, D, rows, dQ);
+}
+
+void AddQG(const float* Q, int64_t D, const float* G, int64_t rows, float* dTt) {
+  WideLanes() ? AddQG16(Q, D, G, rows, dTt) : AddQG8(Q, D, G, rows, dTt);
 }
 
 // One call's shapes and the padded copies its work reads: queries [P6][D] (zero rows and

@@ -2,13 +2,15 @@
 retrieval/metrics.py) against numpy in float64: the per-row cross-entropy and both of its
 gradients, and the target's rank among every item and among the unseen ones, ties included,
 at sizes that are not multiples of a tile (N = 1, 191, 193, 500), one row, width 1."""
+import sys
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from core import fused_ops
 from retrieval.metrics import full_ranks, target_ranks
-from conftest import require_or_skip
+from conftest import ROOT, bounded_run, require_or_skip
 
 SHAPES = [(1, 1, 1), (1, 193, 8), (7, 191, 1), (13, 500, 17), (50, 385, 64)]
 
@@ -160,3 +162,44 @@ def test_a_nan_logit_makes_the_loss_nan():
     got = fused_ops.softmax_cross_entropy_rows(tf.constant(q), tf.constant(t),
                                                tf.constant([0, 3], tf.int64))
     assert np.isnan(got.numpy()).all()
+
+
+LANES_SCRIPT = """
+import sys, numpy as np, tensorflow as tf
+from core import fused_ops
+from retrieval.metrics import full_ranks
+rng = np.random.default_rng(3)
+out = {}
+for rows, items, width in ((50, 385, 64), (13, 500, 17), (7, 191, 8)):
+    q = tf.constant(rng.normal(size=(rows, width)).astype(np.float32))
+    t = tf.constant(rng.normal(size=(items, width)).astype(np.float32))
+    labels = tf.constant(rng.integers(0, items, rows))
+    with tf.GradientTape() as tape:
+        tape.watch([q, t])
+        loss = fused_ops.softmax_cross_entropy_rows(q, t, labels)
+        total = tf.reduce_sum(loss)
+    dq, dt = tape.gradient(total, [q, t])
+    seen = tf.constant(rng.integers(0, items, (rows, 5)))
+    ranks = full_ranks(q, t, labels + 1, seen + 1)
+    for name, x in (("loss", loss), ("dq", dq), ("dt", dt), ("ranks", ranks[0]),
+                    ("filtered", ranks[1])):
+        out[f"{name}_{width}"] = x.numpy()
+np.savez(sys.argv[1], **out)
+"""
+
+
+def test_sixteen_and_eight_lanes_give_the_same_bits(tmp_path):
+    """On a CPU with AVX-512 the kernel runs 16 lanes; TILED_SOFTMAX_LANES=8 forces the AVX2
+    code. Each lane runs the same chain of FMAs either way: the loss, both gradients and the
+    ranks are equal bit for bit (on an AVX2-only CPU both runs take the 8-lane code)."""
+    require_kernel()
+    runs = {}
+    for lanes in ("16", "8"):
+        path = tmp_path / f"lanes_{lanes}.npz"
+        proc = bounded_run([sys.executable, "-c", LANES_SCRIPT, str(path)], timeout=300,
+                           env={"PYTHONPATH": ROOT, "TILED_SOFTMAX_LANES": lanes})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        runs[lanes] = dict(np.load(path))
+    assert runs["16"].keys() == runs["8"].keys()
+    for name, value in runs["16"].items():
+        np.testing.assert_array_equal(value, runs["8"][name], err_msg=name)
