@@ -1,6 +1,7 @@
 """Shared test fixtures: the repository root on sys.path, a small dataset writer,
 require_or_skip for tests of layers that need tools a machine may lack, and bounded_run for
 commands that could hang."""
+import json
 import os
 import re
 import signal
@@ -100,6 +101,35 @@ def write_dataset(tmp_path):
 # files that share a session fixture (spark_runs) run in the same test process under
 # `make test`'s --dist loadfile, so that the fixture is made once, not once per process
 SAME_PROCESS_AS = {"tests/test_preproc_cluster.py": "tests/test_preproc.py"}
+# seconds each test file took in a whole run (tools/file_seconds.py writes it): the
+# longest files start first, so that no long file is left to run alone at the end
+FILE_SECONDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "file_seconds.json")
+NEW_FILE_SECONDS = 60.0  # a file not in FILE_SECONDS yet: early, among the long ones
+
+
+def file_seconds() -> dict:
+    try:
+        with open(FILE_SECONDS) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return {}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Longest file first (the files' own order of tests kept)."""
+    seconds = file_seconds()
+    if not seconds:
+        return
+    paths = {item.nodeid.split("::")[0] for item in items}
+    scope_seconds = {}
+    for path in paths:
+        scope = SAME_PROCESS_AS.get(path, path)
+        scope_seconds[scope] = scope_seconds.get(scope, 0.0) + seconds.get(path, NEW_FILE_SECONDS)
+
+    def key(item):
+        scope = SAME_PROCESS_AS.get(item.nodeid.split("::")[0], item.nodeid.split("::")[0])
+        return -scope_seconds[scope], scope
+    items.sort(key=key)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -107,6 +137,7 @@ def pytest_xdist_make_scheduler(config, log):
     if config.getoption("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
+    config.option.loadscopereorder = False  # keep the collection's longest-first order
 
     class SharedFixtureScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid):
