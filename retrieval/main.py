@@ -118,7 +118,7 @@ flags.DEFINE_enum("sharding", "data_parallel", list(SHARDING), "Where the item t
 flags.DEFINE_integer("top_k", 100, "--mode export: items the SavedModel returns per history",
                      lower_bound=1)
 flags.DEFINE_enum("index", "none", ["none", "faiss"], "--mode export: also write an "
-                  "approximate nearest-neighbour index of the catalogue (faiss IVF-Flat), its "
+                  "approximate nearest-neighbour index of the catalogue (faiss IVF, float16 vectors), its "
                   "recall@top_k against the brute force measured on validation histories; "
                   "retrieval.serve answers from it")
 define_dynamic_flags("item_ids (or 'all'): the item table learns its "
