@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -143,6 +144,14 @@ def uptime() -> str:
     return subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
 
 
+def cpu_name() -> str:
+    """/proc/cpuinfo's model name without the trademark marks ("Intel Xeon Processor")."""
+    with open("/proc/cpuinfo") as f:
+        name = next((line.split(":", 1)[1] for line in f if line.startswith("model name")),
+                    "unknown CPU")
+    return " ".join(re.sub(r"\((R|TM)\)", "", name).split())
+
+
 def run_line(uptime_before: str) -> str:
     """`# date, commit, TensorFlow, CPU name, vCPUs (its bf16 kind); load before and now`."""
     import datetime
@@ -152,9 +161,8 @@ def run_line(uptime_before: str) -> str:
         return subprocess.run(command, shell=True, cwd=ROOT, capture_output=True,
                               text=True).stdout.strip()
     cpu = shell("grep -o -m1 'amx_bf16\\|avx512_bf16' /proc/cpuinfo") or "AVX2 only"
-    name = shell("grep -m1 'model name' /proc/cpuinfo | cut -d: -f2").replace("(R)", "")
     return (f"# {datetime.date.today()}, commit {shell('git rev-parse --short HEAD')}, "
-            f"TensorFlow {tf.__version__}, {name}, {os.cpu_count()} vCPUs ({cpu}); load "
+            f"TensorFlow {tf.__version__}, {cpu_name()}, {os.cpu_count()} vCPUs ({cpu}); load "
             f"before: {uptime_before}; after: {uptime()}")
 
 

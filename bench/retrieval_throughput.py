@@ -40,7 +40,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from rates import PEAK, PEAK_SIZE, ROOT, SMOKE, interleaved, medians  # noqa: E402
+from rates import (PEAK, PEAK_SIZE, ROOT, SMOKE, cpu_name, interleaved,  # noqa: E402
+                   medians)
 
 ITEMS, LENGTH, WIDTH, BLOCKS, HEADS = (300, 10, 16, 2, 1) if SMOKE else (12101, 50, 64, 2, 1)
 DROPOUT, LR = 0.2, 1e-3
@@ -222,9 +223,7 @@ def measure(variant: str, batch_size: int, steps: int, warmup: int, tree: str) -
 
 
 def machine() -> str:
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo")
-                if line.startswith("model name")), "unknown CPU")
-    return f"{cpu}, {os.cpu_count()} cores"
+    return f"{cpu_name()}, {os.cpu_count()} cores"
 
 
 def main(argv=None) -> int:
