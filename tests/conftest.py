@@ -101,6 +101,14 @@ def write_dataset(tmp_path):
 # files that share a session fixture (spark_runs) run in the same test process under
 # `make test`'s --dist loadfile, so that the fixture is made once, not once per process
 SAME_PROCESS_AS = {"tests/test_preproc_cluster.py": "tests/test_preproc.py"}
+
+
+def scope_of(nodeid: str) -> str:
+    """The test file a test runs with (its own, or the one it shares a fixture with)."""
+    path = nodeid.split("::")[0]
+    return SAME_PROCESS_AS.get(path, path)
+
+
 # seconds each test file took in a whole run (tools/file_seconds.py writes it): the
 # longest files start first, so that no long file is left to run alone at the end
 FILE_SECONDS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "file_seconds.json")
@@ -120,16 +128,11 @@ def pytest_collection_modifyitems(config, items):
     seconds = file_seconds()
     if not seconds:
         return
-    paths = {item.nodeid.split("::")[0] for item in items}
     scope_seconds = {}
-    for path in paths:
-        scope = SAME_PROCESS_AS.get(path, path)
-        scope_seconds[scope] = scope_seconds.get(scope, 0.0) + seconds.get(path, NEW_FILE_SECONDS)
-
-    def key(item):
-        scope = SAME_PROCESS_AS.get(item.nodeid.split("::")[0], item.nodeid.split("::")[0])
-        return -scope_seconds[scope], scope
-    items.sort(key=key)
+    for path in {item.nodeid.split("::")[0] for item in items}:
+        scope_seconds[scope_of(path)] = (scope_seconds.get(scope_of(path), 0.0)
+                                         + seconds.get(path, NEW_FILE_SECONDS))
+    items.sort(key=lambda item: (-scope_seconds[scope_of(item.nodeid)], scope_of(item.nodeid)))
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -141,8 +144,7 @@ def pytest_xdist_make_scheduler(config, log):
 
     class SharedFixtureScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid):
-            scope = super()._split_scope(nodeid)
-            return SAME_PROCESS_AS.get(scope, scope)
+            return scope_of(super()._split_scope(nodeid))
     return SharedFixtureScheduling(config, log)
 
 

@@ -4,7 +4,7 @@ import json
 import os
 import sys
 
-from conftest import ROOT, SAME_PROCESS_AS, file_seconds
+from conftest import ROOT, file_seconds, scope_of
 
 sys.path.insert(0, os.path.join(ROOT, "tools"))
 import file_seconds as tool  # noqa: E402
@@ -35,11 +35,10 @@ def test_the_committed_seconds_name_test_files_and_the_session_is_ordered_by_the
     assert seconds and all(os.path.isfile(os.path.join(ROOT, path)) for path in seconds)
     scopes = []
     for item in request.session.items:
-        path = item.nodeid.split("::")[0]
-        scope = SAME_PROCESS_AS.get(path, path)
+        scope = scope_of(item.nodeid)
         if not scopes or scopes[-1] != scope:
             scopes.append(scope)
     assert len(scopes) == len(set(scopes)), "a scope's tests are not together"
-    known = [sum(seconds[path] for path in seconds if SAME_PROCESS_AS.get(path, path) == scope)
+    known = [sum(seconds[path] for path in seconds if scope_of(path) == scope)
              for scope in scopes if scope in seconds]
     assert known == sorted(known, reverse=True)
