@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 import time
 
@@ -49,7 +48,6 @@ from retrieval.contract import RETRIEVAL_CONTRACT
 from retrieval.data import read_sequences, requested_item_attributes
 from retrieval.metrics import ranking_metrics, results_record
 from training import checkpoint, loop, outputs
-from training.selection import best_state_path
 
 F = flags.FLAGS
 flags.DEFINE_enum("mode", "train", ["train", "eval", "export"], "train; eval: the kept "
@@ -106,10 +104,7 @@ flags.register_multi_flags_validator(
 
 
 def paths() -> dict:
-    out = F.output_dir
-    return {name: os.path.join(out, file) for name, file in (
-        ("checkpoint", "checkpoint"), ("results", "results.json"), ("log", "log.json"),
-        ("curves", "curves.png"), ("saved_model", "saved_model"))}
+    return outputs.run_paths(F.output_dir)
 
 
 def selection_metric() -> str:
@@ -248,39 +243,6 @@ def run(spec, comm, logger) -> None:
         logger.print(f"wrote {paths()['results']}")
 
 
-def held_run(comm) -> bool:
-    """Whether --output_dir holds a training run, as rank 0 sees it before anyone writes."""
-    where = paths()
-    held = comm.rank == 0 and any(os.path.exists(where[k])
-                                  for k in ("results", "checkpoint", "log"))
-    return bool(comm.broadcast_from_root(np.array([held], np.int64))[0])
-
-
-def start_or_refuse(comm) -> None:
-    if not held_run(comm) or F.resume:
-        return
-    if not F.overwrite:
-        raise FileError(f"--output_dir {F.output_dir} holds a training run: pass --resume to "
-                        f"continue it or --overwrite to replace it")
-    if comm.rank == 0:
-        where = paths()
-        for path in (where["checkpoint"], best_state_path(where["checkpoint"])):
-            shutil.rmtree(path, ignore_errors=True)
-        for key in ("results", "log", "curves"):
-            if os.path.exists(where[key]):
-                os.unlink(where[key])
-
-
-def written_paths() -> list:
-    where = paths()
-    if F.mode == "export":
-        return [where["saved_model"]]
-    if F.mode == "eval":
-        return [where["results"]]
-    return [where["checkpoint"], best_state_path(where["checkpoint"]), where["results"],
-            where["log"], where["curves"]]
-
-
 def work() -> None:
     if os.path.exists(F.output_dir) and not os.path.isdir(F.output_dir):
         raise FileError(f"--output_dir {F.output_dir} is a file, not a directory")
@@ -289,9 +251,10 @@ def work() -> None:
     tf.config.experimental.enable_op_determinism()
     spec = load_spec(F.dataset_dir, RETRIEVAL_CONTRACT, F.feature_spec)
     where = paths()
-    with outputs.claimed(comm, written_paths()):
+    with outputs.claimed(comm, outputs.mode_paths(where, F.mode)):
         if F.mode == "train":
-            start_or_refuse(comm)
+            outputs.start_training(where, comm, F.resume, F.overwrite,
+                                   "pass --resume to continue it or --overwrite to replace it")
         logger = DLLogger(where["log"] if F.mode == "train" else os.devnull,
                           enabled=comm.rank == 0)
         logger.parameters({f.name: f.value

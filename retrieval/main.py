@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 
 from core import runtime
@@ -51,7 +50,6 @@ from retrieval.trainer import (ITEM_IDS, LOSSES, NEGATIVES, TIMESTAMPS, Retrieva
                                evaluated, with_rows)
 from training import checkpoint, loop, outputs
 from training.engine import DEFAULT_DIVERGENCE_FACTOR
-from training.selection import best_state_path
 
 F = flags.FLAGS
 # --sharding: the whole table on every process, or split by rows (row_wise: the ranking
@@ -161,11 +159,7 @@ TABLE_COPIES = 3
 
 
 def paths() -> dict:
-    out = F.output_dir
-    return {"checkpoint": os.path.join(out, "checkpoint"),
-            "results": os.path.join(out, "results.json"),
-            "log": os.path.join(out, "log.json"), "curves": os.path.join(out, "curves.png"),
-            "saved_model": os.path.join(out, "saved_model")}
+    return outputs.run_paths(F.output_dir)
 
 
 def model_config(spec, attributes=None) -> RetrievalConfig:
@@ -362,51 +356,6 @@ def run(spec, attributes, comm, logger) -> None:
                          + (f"; {index.summary(built)}" if built else ""))
 
 
-def written_paths() -> list:
-    """What this run writes (taken at its start: one writer per path)."""
-    where = paths()
-    if F.mode == "export":
-        return [where["saved_model"]]
-    if F.mode == "eval":
-        return [where["results"]]
-    return [where["checkpoint"], best_state_path(where["checkpoint"]), where["results"],
-            where["log"], where["curves"]]
-
-
-HELD_RUNS = (("results", "a finished training run (results.json)"),
-             ("checkpoint", "an unfinished training run (its checkpoint)"),
-             ("log", "the log of a training run (log.json)"))
-
-
-def held_run(comm) -> str:
-    """What training run --output_dir holds ('' when none), as rank 0 sees it before any rank
-    writes there (another rank looking later would see this run's own log)."""
-    where = paths()
-    held = next((i for i, (key, _) in enumerate(HELD_RUNS) if os.path.exists(where[key])),
-                len(HELD_RUNS)) if comm.rank == 0 else 0
-    held = int(comm.broadcast_from_root(np.array([held], np.int64))[0])
-    return HELD_RUNS[held][1] if held < len(HELD_RUNS) else ""
-
-
-def start_or_refuse(comm) -> None:
-    """A training run into --output_dir: continue, start from or replace the run it holds
-    only as a flag says."""
-    held = held_run(comm)
-    if not held or F.resume or F.warm_start:
-        return
-    if not F.overwrite:
-        raise FileError(f"--output_dir {F.output_dir} holds {held}: pass --resume to continue "
-                        f"it, --warm_start to start a new run from its state, or --overwrite "
-                        f"to replace it")
-    if comm.rank == 0:
-        where = paths()
-        for path in (where["checkpoint"], best_state_path(where["checkpoint"])):
-            shutil.rmtree(path, ignore_errors=True)
-        for key in ("results", "log", "curves"):
-            if os.path.exists(where[key]):
-                os.unlink(where[key])
-
-
 def work() -> None:
     if os.path.exists(F.output_dir) and not os.path.isdir(F.output_dir):
         raise FileError(f"--output_dir {F.output_dir} is a file, not a directory")
@@ -418,9 +367,12 @@ def work() -> None:
         F.lr = RECIPE_LR[F.model]
     spec = with_dynamic_flags(load_spec(F.dataset_dir, RETRIEVAL_CONTRACT, F.feature_spec))
     attributes = attributes_of(spec)  # refused before anything is written
-    with outputs.claimed(comm, written_paths()):
+    with outputs.claimed(comm, outputs.mode_paths(where, F.mode)):
         if F.mode == "train":
-            start_or_refuse(comm)
+            outputs.start_training(
+                where, comm, F.resume or F.warm_start, F.overwrite,
+                "pass --resume to continue it, --warm_start to start a new run from its "
+                "state, or --overwrite to replace it")
         logger = DLLogger(where["log"] if F.mode == "train" else os.devnull,
                           enabled=comm.rank == 0)
         logger.parameters({f.name: f.value

@@ -12,12 +12,62 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 
 import numpy as np
 
 from core.files import FileError, OutputLock, StagedDirectory, write_error
+from training.selection import best_state_path
 
 MESSAGE_BYTES = 1024  # the refusal travels to every rank in a fixed-size broadcast
+
+RUN_FILES = {"checkpoint": "checkpoint", "results": "results.json", "log": "log.json",
+             "curves": "curves.png", "saved_model": "saved_model"}
+HELD_RUNS = (("results", "a finished training run (results.json)"),
+             ("checkpoint", "an unfinished training run (its checkpoint)"),
+             ("log", "the log of a training run (log.json)"))
+
+
+def run_paths(output_dir: str) -> dict:
+    """A training run's outputs in its directory, by RUN_FILES' names."""
+    return {name: os.path.join(output_dir, file) for name, file in RUN_FILES.items()}
+
+
+def mode_paths(where: dict, mode: str) -> list:
+    """What a run of `mode` (train, eval, export) writes, to claim at its start."""
+    if mode == "export":
+        return [where["saved_model"]]
+    if mode == "eval":
+        return [where["results"]]
+    return [where["checkpoint"], best_state_path(where["checkpoint"]), where["results"],
+            where["log"], where["curves"]]
+
+
+def held_run(where: dict, comm) -> str:
+    """What training run the directory holds ('' when none), as rank 0 sees it before any
+    rank writes there (another rank looking later would see this run's own log)."""
+    held = next((i for i, (key, _) in enumerate(HELD_RUNS) if os.path.exists(where[key])),
+                len(HELD_RUNS)) if comm.rank == 0 else 0
+    held = int(comm.broadcast_from_root(np.array([held], np.int64))[0])
+    return HELD_RUNS[held][1] if held < len(HELD_RUNS) else ""
+
+
+def start_training(where: dict, comm, continued: bool, overwrite: bool, choices: str) -> None:
+    """A training run into a directory that holds one goes on only as a flag says: continued
+    from it (`continued`) or replacing it (`overwrite`: its files removed); otherwise one line
+    naming the flags that choose (`choices`)."""
+    held = held_run(where, comm)
+    if not held or continued:
+        return
+    if not overwrite:
+        raise FileError(f"--output_dir {os.path.dirname(where['results'])} holds {held}: "
+                        f"{choices}")
+    if comm.rank == 0:
+        for path in (where["checkpoint"], best_state_path(where["checkpoint"])):
+            shutil.rmtree(path, ignore_errors=True)
+        for key in ("results", "log", "curves"):
+            if os.path.exists(where[key]):
+                os.unlink(where[key])
 
 
 @contextlib.contextmanager
