@@ -62,7 +62,8 @@ flags.DEFINE_enum("ranker", "hstu", list(RANKERS), "hstu: the target-aware HSTU 
 flags.DEFINE_integer("candidates", 100, "K: the retrieved items the ranker reorders",
                      lower_bound=1)
 flags.DEFINE_integer("num_blocks", 2, "HSTU layers (--ranker hstu)", lower_bound=1)
-flags.DEFINE_integer("num_heads", 1, "HSTU heads (--ranker hstu)", lower_bound=1)
+flags.DEFINE_integer("num_heads", RankerConfig.heads, "HSTU heads (--ranker hstu)",
+                     lower_bound=1)
 flags.DEFINE_bool("start_from_retrieval", False, "Start the ranker's item table from the "
                   "retrieval model's (else its own draw: a second view of the items)")
 flags.DEFINE_bool("item_attributes", False, "The ranker's item vectors add the mean of the "

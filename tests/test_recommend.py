@@ -315,6 +315,7 @@ def test_item_attributes_train_and_serve(tmp_path):
     (["--candidates", "0"], "--candidates"),
     (["--dropout_rate", "1"], "--dropout_rate"),
     (["--item_attributes"], "--item_attributes"),
+    (["--num_heads", "3"], "--num_heads 3"),  # the retrieval model's width is 16
 ])
 def test_bad_requests_end_in_one_error_line(stage_one, tmp_path, flags, culprit):
     data, run = stage_one
