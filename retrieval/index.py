@@ -110,5 +110,5 @@ def search(index, queries: np.ndarray, k: int) -> tuple:
 
 def summary(meta: dict) -> str:
     return (f"IVF index (float16) of {meta['items']:,} items ({meta['lists']:,} lists, "
-            f"{meta['nprobe']} probed): recall@{meta['k']} {meta['recall']:.3f} against the brute force on "
-            f"{meta['queries']:,} validation histories")
+            f"{meta['nprobe']} probed): recall@{meta['k']} {meta['recall']:.3f} against the "
+            f"brute force on {meta['queries']:,} validation histories")

@@ -63,11 +63,11 @@ def start_training(where: dict, comm, continued: bool, overwrite: bool, choices:
         raise FileError(f"--output_dir {os.path.dirname(where['results'])} holds {held}: "
                         f"{choices}")
     if comm.rank == 0:
-        for path in (where["checkpoint"], best_state_path(where["checkpoint"])):
-            shutil.rmtree(path, ignore_errors=True)
-        for key in ("results", "log", "curves"):
-            if os.path.exists(where[key]):
-                os.unlink(where[key])
+        for path in mode_paths(where, "train"):  # checkpoints are directories
+            if os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.exists(path):
+                os.unlink(path)
 
 
 @contextlib.contextmanager
