@@ -1,6 +1,6 @@
-"""core.runtime.import_tensorflow: TensorFlow's import without the modules Keras imports
-only for features the toolkit does not use, which stay importable afterwards, and with its
-start-up log lines at TF_CPP_MIN_LOG_LEVEL's level."""
+"""core.runtime.import_tensorflow: TensorFlow's import without Keras (nor what Keras imports:
+scikit-learn, pyplot), which the toolkit does not use and which stay importable afterwards,
+and with its start-up log lines at TF_CPP_MIN_LOG_LEVEL's level."""
 import os
 import subprocess
 import sys
@@ -11,18 +11,19 @@ PROBE = """
 import sys
 from core import runtime
 runtime.import_tensorflow()
-from core.runtime import KERAS_OPTIONAL_IMPORTS
-print("tensorflow" in sys.modules, [n for n in KERAS_OPTIONAL_IMPORTS if n in sys.modules])
-import sklearn.metrics, matplotlib.pyplot
+print("tensorflow" in sys.modules,
+      [n for n in ("keras", "sklearn", "matplotlib.pyplot") if n in sys.modules])
+import sklearn.metrics, matplotlib.pyplot, keras, tensorflow as tf
 print(sklearn.metrics.roc_auc_score([0, 1, 1], [0.2, 0.9, 0.4]), matplotlib.pyplot.figure() is not None)
+print(tf.keras.layers.Dense(3)(tf.ones([2, 4])).shape, keras.layers.Dense is tf.keras.layers.Dense)
 """
 
 
-def test_tensorflow_is_imported_without_sklearn_and_pyplot_which_import_afterwards():
+def test_tensorflow_is_imported_without_keras_sklearn_and_pyplot_which_import_afterwards():
     proc = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert proc.stdout.split("\n")[:2] == ["True []", "1.0 True"]
+    assert proc.stdout.split("\n")[:3] == ["True []", "1.0 True", "(2, 3) True"]
 
 
 QUIET = """
