@@ -178,13 +178,11 @@ def layer(variables, x, visible, bias, heads: int, normalizer, dtype=tf.float32,
 
 
 def layer_with_targets(variables, x, targets, visible, bias, target_visible, target_bias,
-                       self_bias, heads: int, normalizer, dtype=tf.float32, drop=None,
-                       target_drop=None):
+                       self_bias, heads: int, normalizer, dtype=tf.float32):
     """One HSTU layer over a history x [b, L, d] and targets [b, C, d] (float32) -> (x,
     targets). The history attends to itself as layer() does (visible [b, L, L], bias);
     target c attends to the history keys target_visible [b, C, L] allows (target_bias
-    [1 or b, 1, C, L]) and to itself (self_bias: a scalar), to no other target.
-    drop / target_drop: layer()'s drop, for the history's and the targets' rows."""
+    [1 or b, 1, C, L]) and to itself (self_bias: a scalar), to no other target."""
     width = x.shape[-1]
     u, v, q, k = _projections(variables, x, dtype)
     v, q, k = (split_heads(t, heads) for t in (v, q, k))
@@ -197,6 +195,5 @@ def layer_with_targets(variables, x, targets, visible, bias, target_visible, tar
     attended = merge_heads(tf.matmul(tf.cast(weights, dtype), v), width)
     target_attended = merge_heads(tf.matmul(tf.cast(to_history, dtype), v)
                                   + tf.cast(to_self, dtype)[..., None] * tv, width)
-    return (_output(variables, x, u, tf.cast(attended, tf.float32), dtype, drop),
-            _output(variables, targets, target_u, tf.cast(target_attended, tf.float32), dtype,
-                    target_drop))
+    return (_output(variables, x, u, tf.cast(attended, tf.float32), dtype),
+            _output(variables, targets, target_u, tf.cast(target_attended, tf.float32), dtype))

@@ -70,8 +70,6 @@ flags.DEFINE_bool("item_attributes", False, "The ranker's item vectors add the m
                   "item's attributes' rows (a dataset prepared with --item_attributes)")
 flags.DEFINE_float("dropout_rate", 0.2, "Dropout of the ranker's head input, in [0, 1)",
                    lower_bound=0.0)
-flags.DEFINE_float("hstu_dropout_rate", RankerConfig.hstu_dropout, "Dropout in the HSTU "
-                   "layers (--ranker hstu), in [0, 1)", lower_bound=0.0)
 flags.DEFINE_float("lr", 0.003, "Adam's learning rate, > 0, decayed linearly to zero over "
                    "--epochs", lower_bound=0.0)
 flags.DEFINE_integer("batch_size", 128, "Training prefixes per step over all processes",
@@ -100,8 +98,6 @@ flags.DEFINE_integer("max_steps", 0, "Stop after this many steps (0: no limit; s
 flags.DEFINE_bool("cpu", False, "Hide GPUs")
 flags.mark_flags_as_required(["dataset_dir", "retrieval_dir", "output_dir"])
 flags.register_validator("dropout_rate", lambda v: v < 1, "--dropout_rate must be in [0, 1)")
-flags.register_validator("hstu_dropout_rate", lambda v: v < 1,
-                         "--hstu_dropout_rate must be in [0, 1)")
 flags.register_validator("lr", lambda v: v > 0, "--lr must be > 0")
 flags.register_multi_flags_validator(
     ["resume", "overwrite"], lambda given: sum(given.values()) <= 1,
@@ -220,7 +216,6 @@ def run(spec, comm, logger) -> None:
     c, attributes = retrieval.config, attributes_of(spec)
     ranker = Ranker(RankerConfig(ranker=F.ranker, items=c.items, length=c.length, width=c.width,
                                  blocks=F.num_blocks, heads=F.num_heads, dropout=F.dropout_rate,
-                                 hstu_dropout=F.hstu_dropout_rate,
                                  attributes=attributes.count if attributes else 0, seed=F.seed),
                     retrieval.items.numpy() if F.start_from_retrieval else None,
                     attributes.table if attributes else None)

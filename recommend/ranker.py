@@ -43,13 +43,11 @@ class RankerConfig:
     blocks: int = 2       # hstu
     heads: int = 4        # hstu (chosen on validation: README)
     dropout: float = 0.2  # on the head's input
-    hstu_dropout: float = 0.0  # in the HSTU layers (--ranker hstu)
     attributes: int = 0   # A: the items' attribute ids 1..A (0: no attribute table)
     seed: int = 1
 
     def checkpoint_shape(self) -> dict:
-        return {k: v for k, v in asdict(self).items()
-                if k not in ("dropout", "hstu_dropout", "seed")}
+        return {k: v for k, v in asdict(self).items() if k not in ("dropout", "seed")}
 
 
 class Ranker(tf.Module):
@@ -82,8 +80,7 @@ class Ranker(tf.Module):
             self.attribute_means = AttributeMeans(attributes)
         self.seen_weight = tf.Variable(0.0, name="seen_weight")
         if c.ranker == "hstu":
-            self.encoder = HstuRanker(c.width, c.length, c.blocks, c.heads, c.seed, 100, "hstu",
-                                      c.hstu_dropout)
+            self.encoder = HstuRanker(c.width, c.length, c.blocks, c.heads, c.seed, 100, "hstu")
         else:
             self.encoder = AttentionUnit(c.width, DIN_ATTENTION_WIDTHS, c.seed, 100, "din")
         self.head = MLP(3 * c.width, (HEAD_WIDTH, 1), False, c.seed, 200, "head")
@@ -110,7 +107,7 @@ class Ranker(tf.Module):
         keys = tf.nn.embedding_lookup(items, history)
         targets = tf.nn.embedding_lookup(items, candidates)
         if self.config.ranker == "hstu":
-            u = self.encoder(keys, mask, targets, compute_dtype, seed)
+            u = self.encoder(keys, mask, targets, compute_dtype)
         else:
             u = self._din(keys, mask, targets, compute_dtype)
         x = dropout(tf.concat([u, targets, u * targets], -1), self.config.dropout, seed, 1)

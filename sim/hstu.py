@@ -5,7 +5,6 @@ candidate tokens, through the HSTU layers of core/hstu.py (M-FALCON, Zhai et al.
     t_c = e(c) sqrt(w) + p_D          every candidate at the position after the history
     per layer: history query i reads keys j <= i that hold a behaviour (and itself);
                candidate c reads the history's behaviours and itself, no other candidate
-               (dropout, when given, on each layer's U * LayerNorm(A V) while training)
     y_c = LayerNorm(t_c) * scale + offset                after the last layer
     logit_c = head([y_c, user])       the family's classifier (sim/model.py)
 
@@ -22,12 +21,12 @@ from core import hstu
 
 class HstuRanker(tf.Module):
     """The positions, HSTU layers and final norm over histories of `length` behaviours of
-    items `width` wide; `dropout`: the layers' rate while training."""
+    items `width` wide."""
 
     def __init__(self, width: int, length: int, blocks: int, heads: int, seed: int, key: int,
-                 name: str, dropout: float = 0.0):
+                 name: str):
         super().__init__(name=name)
-        self.length, self.heads, self.dropout = length, heads, dropout
+        self.length, self.heads = length, heads
         w = hstu.NamedWeights(seed, key)
         positions = length + 1  # the history's, then the candidates'
         with self.name_scope:
@@ -41,10 +40,9 @@ class HstuRanker(tf.Module):
     def named_variables(self, prefix: str) -> dict:
         return {f"{prefix}/{k}": v for k, v in self.named.items()}
 
-    def __call__(self, history, mask, candidates, compute_dtype=tf.float32, seed=None):
+    def __call__(self, history, mask, candidates, compute_dtype=tf.float32):
         """history [B, D, w], mask [B, D] (1 where a behaviour), candidates [B, C, w] ->
-        [B, C, w] float32: each candidate's output. seed: core.hstu.dropout's (training;
-        None: no dropout)."""
+        [B, C, w] float32: each candidate's output."""
         d, scale = self.length, history.shape[-1] ** 0.5
         valid = mask > 0
         x = (tf.cast(history, tf.float32) * scale + self.positions[:d]) * \
@@ -58,16 +56,10 @@ class HstuRanker(tf.Module):
         history_positions = tf.range(d)
         bias_index = hstu.relative_positions(history_positions, history_positions, d + 1)
         target_index = hstu.relative_positions(tf.constant([d]), history_positions, d + 1)
-        for b, block in enumerate(self.blocks):
+        for block in self.blocks:
             x, t = hstu.layer_with_targets(
                 block, x, t, visible, hstu.attention_bias(block, bias_index),
                 target_visible, hstu.attention_bias(block, target_index),
-                block["position_bias"][d], self.heads, d, compute_dtype,
-                *(self._drop(seed, key) for key in (10 + 2 * b, 11 + 2 * b)))
+                block["position_bias"][d], self.heads, d, compute_dtype)
             x *= tf.cast(mask, tf.float32)[:, :, None]
         return hstu.layer_norm(t, *self.final_norm)
-
-    def _drop(self, seed, key: int):
-        if seed is None or self.dropout <= 0:
-            return None
-        return lambda x: hstu.dropout(x, self.dropout, seed, key)
