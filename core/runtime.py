@@ -9,8 +9,10 @@ Keras loads scikit-learn and matplotlib's pyplot when they are installed; the to
 none of them (its models, optimizers and SavedModels are tf.Module and tf.Variable): 2 s of
 TensorFlow's 5.5 s import on a 2-core AMD EPYC, paid by every process (each rank, each tool).
 import_tensorflow() (the training CLIs' first call) imports TensorFlow with Keras hidden from
-it; Keras (and tf.keras) import normally afterwards. configure() alone imports nothing: tools
-that may not need TensorFlow call that.
+it; Keras (and tf.keras) import normally afterwards. Horovod's TensorFlow module needs Keras
+(its SyncBatchNormalization subclasses a Keras layer): import_horovod() loads it without
+Keras's optional imports. configure() alone imports nothing: tools that may not need
+TensorFlow call that.
 
 TensorFlow 2.18+ logs its start-up through absl before absl's logging is initialised, where
 TF_CPP_MIN_LOG_LEVEL has no effect: every import wrote absl's preamble and an INFO line on
@@ -19,13 +21,14 @@ variable's level to the lines the import writes.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import sys
 import tempfile
 
 DEFAULTS = {"TF_ENABLE_ONEDNN_OPTS": "1", "TF_CPP_MIN_LOG_LEVEL": "2"}
-HIDDEN_AT_IMPORT = ("keras",)
+KERAS_OPTIONAL_IMPORTS = ("sklearn", "matplotlib.pyplot")
 # --amp on a CPU: `auto` (bfloat16 where the CPU multiplies bfloat16 natively: AMX-BF16 or
 # AVX512_BF16; float32 elsewhere, where bfloat16 is emulated and slower), or `bfloat16`
 CPU_AMP_VARIABLE = "DLRM_CPU_AMP"
@@ -42,11 +45,27 @@ def import_tensorflow() -> None:
     configure()
     if "tensorflow" in sys.modules:
         return
-    hidden = [name for name in HIDDEN_AT_IMPORT if name not in sys.modules]
-    for name in hidden:
-        sys.modules[name] = None  # `import name` raises ImportError: Keras skips it
-    try:
+    with hidden_from_import(("keras",)):
         _import_at_log_level()
+
+
+def import_horovod():
+    """horovod.tensorflow, with the Keras it loads spared Keras's optional imports."""
+    import_tensorflow()
+    with hidden_from_import(KERAS_OPTIONAL_IMPORTS):
+        import horovod.tensorflow as hvd
+    return hvd
+
+
+@contextlib.contextmanager
+def hidden_from_import(names):
+    """Within the block, `import name` raises ImportError for each of names not imported
+    yet (the importer skips what it treats as optional); afterwards they import normally."""
+    hidden = [name for name in names if name not in sys.modules]
+    for name in hidden:
+        sys.modules[name] = None
+    try:
+        yield
     finally:
         for name in hidden:
             del sys.modules[name]

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from conftest import HOROVODRUN, ROOT, require_or_skip
 
 PROBE = """
 import sys
@@ -24,6 +24,25 @@ def test_tensorflow_is_imported_without_keras_sklearn_and_pyplot_which_import_af
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split("\n")[:3] == ["True []", "1.0 True", "(2, 3) True"]
+
+
+HOROVOD = """
+import sys
+from core import runtime
+hvd = runtime.import_horovod()
+hvd.init()
+print(hvd.size(), [n for n in ("keras", "sklearn", "matplotlib.pyplot") if n in sys.modules])
+import sklearn.metrics
+print(sklearn.metrics.roc_auc_score([0, 1, 1], [0.2, 0.9, 0.4]))
+"""
+
+
+def test_horovod_is_imported_with_its_keras_but_without_sklearn_and_pyplot():
+    require_or_skip(os.path.isfile(HOROVODRUN), "horovod is not installed")
+    proc = subprocess.run([sys.executable, "-c", HOROVOD], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split("\n")[:2] == ["1 ['keras']", "1.0"]
 
 
 QUIET = """

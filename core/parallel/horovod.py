@@ -13,6 +13,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
+from core import runtime
 from core.cli import print_error
 from core.parallel.comm import ALLTOALL_NAMES, Communicator, PeerStopped
 
@@ -116,7 +117,7 @@ class HorovodCommunicator(Communicator):
         """configure_devices(local_rank) runs after hvd.init() and before any TensorFlow op:
         device settings cannot change once TensorFlow is initialised. collective_timeout_s:
         the stall limit of StallWatch (0: waits are not bounded)."""
-        import horovod.tensorflow as hvd
+        hvd = runtime.import_horovod()
         hvd.init()
         self.hvd = hvd
         self.rank, self.size = hvd.rank(), hvd.size()
