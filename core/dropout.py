@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import tensorflow as tf
 
+from core.fused_ops import cpu_library
+
 _GOLDEN = 0x9E3779B9  # odd multipliers that spread consecutive indices over 32 bits
 _GOLDEN2 = 0x85EBCA77
 
@@ -39,11 +41,16 @@ def _keys(seed):
 def keep_hash(rows, cols, seed, first_row=0):
     """uint32 [rows, cols]: the hash that decides which elements are kept; first_row: the
     index of row 0 (a rank's rows of a global batch take the global batch's masks)."""
+    return keep_hash_at(tf.range(rows, dtype=tf.int32)[:, None] + first_row,
+                        tf.range(cols, dtype=tf.int32)[None, :], seed)
+
+
+def keep_hash_at(row, col, seed):
+    """keep_hash's value at int32 indices row and col (broadcast together): the elements of
+    a matrix's chosen rows, or of a packed matrix, get the masks of their places."""
     k0, k1 = _keys(seed)
-    row = tf.bitcast(tf.range(rows, dtype=tf.int32) + first_row, tf.uint32)[:, None]
-    col = tf.bitcast(tf.range(cols, dtype=tf.int32), tf.uint32)[None, :]
-    h = _fmix(row * tf.constant(_GOLDEN, tf.uint32) ^ k0)
-    return _fmix(_fmix(h + col * tf.constant(_GOLDEN2, tf.uint32)) ^ k1)
+    h = _fmix(tf.bitcast(row, tf.uint32) * tf.constant(_GOLDEN, tf.uint32) ^ k0)
+    return _fmix(_fmix(h + tf.bitcast(col, tf.uint32) * tf.constant(_GOLDEN2, tf.uint32)) ^ k1)
 
 
 @tf.function(jit_compile=True)
@@ -80,3 +87,24 @@ def bias_relu_dropout(product, bias, rate: float, seed):
         y = _forward(product, bias, seed, threshold, scale)
         return y, lambda dy: _gradients(y, dy, scale)
     return forward(product, bias)
+
+
+def hash_dropout(x, rows, offsets, seed, rate: float):
+    """x [n, m] float32 with element e of row r zeroed when keep_hash_at(rows[r], offsets[r] +
+    e, seed) < rate * 2^32, the rest divided by 1 - rate: the HashDropout op
+    (ops/hash_dropout.cc, one pass) on a CPU, else TensorFlow's ops, the same values.
+    rows, offsets: int32 [n]."""
+    threshold = tf.constant(min(round(rate * 2 ** 32), 2 ** 32 - 1), tf.uint32)
+    kept = tf.constant(1 - rate, tf.float32)
+    lib = cpu_library("hash_dropout")
+    if lib is None or x.dtype != tf.float32:
+        keep = keep_hash_at(rows[:, None], offsets[:, None] + tf.range(tf.shape(x)[1])[None],
+                            seed)
+        return tf.where(keep >= threshold, x / tf.cast(kept, x.dtype), tf.zeros_like(x))
+    keys = tf.stack(_keys(seed))
+
+    @tf.custom_gradient
+    def drop(x):  # linear in x: the gradient is the upstream's dropout, the same mask
+        return lib.hash_dropout(x, rows, offsets, keys, threshold, kept), \
+            lambda dy: lib.hash_dropout(dy, rows, offsets, keys, threshold, kept)
+    return drop(x)

@@ -19,7 +19,7 @@ import tensorflow as tf
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository
 # one library per source: build/<name>.so from ops/<name>.cc
 KERNELS = ("lazy_adam_rows", "sgd_rows", "recurrent_cells", "segment_sum_rows", "distinct_ids",
-           "tiled_softmax")
+           "tiled_softmax", "hash_dropout")
 _loaded = {}
 
 

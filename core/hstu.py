@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from core.dropout import keep_hash
+from core.dropout import hash_dropout
 from core.initializers import glorot_normal
 
 TIME_BUCKETS = 128   # log buckets of time gaps: ln(2^64) / 0.301 < 148, the rest clamp
@@ -87,20 +87,38 @@ def layer_norm(x, scale=None, offset=None):
     return x if scale is None else x * scale + offset
 
 
-def dropout(x, rate: float, seed, key: int):
+def dropout(x, rate: float, seed, key: int, at=None):
     """Dropout whose mask is a hash of (seed, key, global row, element) (core/dropout.py): runs
     repeat and resume exactly, and a rank's rows of a global batch get the masks one process
     gives them. seed: (int64 [2] run seed and step, the rank's first global row); None: no
-    dropout (evaluation)."""
+    dropout (evaluation). at: x is packed (packed()'s [n, d]): each element gets the mask it
+    has in the [b, T, d] whole."""
     if seed is None or rate <= 0:
         return x
     step_seed, first_row = seed
-    flat = tf.reshape(x, [tf.shape(x)[0], -1])
-    threshold = tf.constant(min(round(rate * 2 ** 32), 2 ** 32 - 1), tf.uint32)
-    keep = keep_hash(tf.shape(flat)[0], tf.shape(flat)[1],
-                     step_seed + tf.constant([0, 1 << 20], tf.int64) * key, first_row)
-    kept = tf.where(keep >= threshold, flat / (1 - rate), tf.zeros_like(flat))
-    return tf.reshape(kept, tf.shape(x))
+    seed = step_seed + tf.constant([0, 1 << 20], tf.int64) * key
+    if at is None:
+        flat = tf.reshape(x, [tf.shape(x)[0], -1])
+        rows = tf.range(tf.shape(flat)[0], dtype=tf.int32) + first_row
+        offsets = tf.zeros_like(rows)
+    else:  # element e of position t is element t * d + e of its row, as in the whole
+        flat, at = x, tf.cast(at, tf.int32)
+        rows, offsets = at[:, 0] + first_row, at[:, 1] * tf.shape(x)[1]
+    return tf.reshape(hash_dropout(flat, rows, offsets, seed, rate), tf.shape(x))
+
+
+def packed(x, at):
+    """[b, T, ...] -> [n, ...]: the rows at int64 [n, 2] (row, position) indices (tf.where of
+    a [b, T] mask of the real positions). Position-wise work on a packed batch skips the
+    padding: Beauty's histories fill 13 % of their 50 positions."""
+    return tf.gather_nd(x, at)
+
+
+def unpacked(x, at, rows_and_length):
+    """packed()'s inverse: [n, ...] -> [b, T, ...] (rows_and_length: int64 [2], b and T) with
+    zeros where no row was."""
+    return tf.scatter_nd(at, x, tf.concat([rows_and_length,
+                                           tf.shape(x, out_type=tf.int64)[1:]], 0))
 
 
 def time_buckets(timestamps):
@@ -162,18 +180,24 @@ def _output(variables, x, u, attended, dtype, drop=None):
 
 
 def layer(variables, x, visible, bias, heads: int, normalizer, dtype=tf.float32,
-          attention_drop=None, drop=None):
+          attention_drop=None, drop=None, at=None):
     """One HSTU layer (variables: block_weights()'s) over x [b, T, d] float32 -> [b, T, d].
     visible: bool [b, T, T] (query i may read key j); bias: attention_bias()'s;
     normalizer: n; attention_drop / drop: functions applied to the attention weights
-    [b, h, T, T] and to U * LayerNorm(A V) [b, T, d] (dropout while training; None: none)."""
+    [b, h, T, T] and to U * LayerNorm(A V) [b, T, d] (dropout while training; None: none).
+    at: x is packed (packed()'s [n, d], and so are the output and drop's input): only the
+    attention reads the [b, T] layout, where padding is never visible."""
     width = x.shape[-1]
     u, v, q, k = _projections(variables, x, dtype)
+    if at is not None:
+        v, q, k = (unpacked(t, at, tf.shape(visible, out_type=tf.int64)[:2]) for t in (v, q, k))
     scores = tf.matmul(split_heads(q, heads), split_heads(k, heads), transpose_b=True)
     weights = _weights(scores, bias, normalizer, visible[:, None])
     if attention_drop is not None:
         weights = attention_drop(weights)
     attended = merge_heads(tf.matmul(tf.cast(weights, dtype), split_heads(v, heads)), width)
+    if at is not None:
+        attended = packed(attended, at)
     return _output(variables, x, u, tf.cast(attended, tf.float32), dtype, drop)
 
 

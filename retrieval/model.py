@@ -170,17 +170,26 @@ class Encoder(tf.Module):
     # ---- the encoders ----------------------------------------------------------------------
     def encode(self, ids, timestamps=None, seed=None, compute_dtype=tf.float32):
         """ids int64 [b, L'] (L' <= L: the last L' of L positions) -> float32 [b, L', d]:
-        position p's vector predicts the next item.
+        position p's vector predicts the next item (a padded position's is the final
+        norm's offset, what a history of nothing gives).
         seed (dropout()'s) turns dropout on (training)."""
+        vectors, at = self.encode_real(ids, timestamps, seed, compute_dtype)
+        whole = hstu.unpacked(vectors, at, tf.shape(ids, out_type=tf.int64))
+        return tf.where((ids > 0)[:, :, None], whole, self.final_norm[1])
+
+    def encode_real(self, ids, timestamps=None, seed=None, compute_dtype=tf.float32):
+        """encode()'s vectors of the positions that hold an item only: (float32 [n, d], their
+        int64 [n, 2] (row, position) in ids, in row-major order). Every position-wise step
+        runs on these n rows (hstu.packed), only the attention on the [b, L'] layout."""
         c = self.config
-        valid = tf.cast(ids > 0, tf.float32)[:, :, None]
+        at = tf.where(ids > 0)
         # fewer than L columns: the most recent ones (left padding cut), at their positions
-        x = self.item_vectors(ids, "history") * (c.width ** 0.5) + \
-            self.positions[c.length - tf.shape(ids)[1]:]
-        x = dropout(x, c.dropout, seed, 1) * valid
-        # key j is visible from query i when j <= i and j holds an item (or is i itself, so
-        # a padded query still has a key: its output is masked anyway)
         length = tf.shape(ids)[1]
+        x = self.item_vectors(hstu.packed(ids, at), "history") * (c.width ** 0.5) + \
+            tf.gather(self.positions, tf.cast(at[:, 1], tf.int32) + c.length - length)
+        x = dropout(x, c.dropout, seed, 1, at)
+        # key j is visible from query i when j <= i and j holds an item (or is i itself, so
+        # a padded query still has a key: its output is never read)
         causal = tf.linalg.band_part(tf.ones([length, length], tf.bool), -1, 0)
         visible = causal[None] & ((ids > 0)[:, None, :] | tf.eye(length, dtype=tf.bool)[None])
         positions = tf.range(length)
@@ -189,37 +198,39 @@ class Encoder(tf.Module):
         for b, block in enumerate(self.blocks):
             key = 10 * (b + 1)
             if c.model == "sasrec":
-                x = self._sasrec_block(block, x, visible, seed, key, compute_dtype)
+                x = self._sasrec_block(block, x, at, visible, seed, key, compute_dtype)
             else:
-                x = self._hstu_block(block, x, visible, bias_index, buckets, seed, key,
+                x = self._hstu_block(block, x, at, visible, bias_index, buckets, seed, key,
                                      compute_dtype)
-            x *= valid
-        return layer_norm(x, *self.final_norm)
+        return layer_norm(x, *self.final_norm), at
 
-    def _sasrec_block(self, block, x, visible, seed, key, dtype):
+    def _sasrec_block(self, block, x, at, visible, seed, key, dtype):
+        """x, the output: packed [n, d] (encode_real's)."""
         c = self.config
+        rows_and_length = tf.shape(visible, out_type=tf.int64)[:2]
         h = tf.cast(layer_norm(x, *block["norm_1"]), dtype)
-        q, k, v = (split_heads(h @ tf.cast(block[n], dtype), c.heads) for n in ("q", "k", "v"))
+        q, k, v = (split_heads(hstu.unpacked(h @ tf.cast(block[n], dtype), at, rows_and_length),
+                               c.heads) for n in ("q", "k", "v"))
         logits = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32) * \
             (c.width // c.heads) ** -0.5
         logits = tf.where(visible[:, None], logits, -1e9)
         weights = dropout(tf.nn.softmax(logits), c.attention_dropout, seed, key)
-        attended = merge_heads(tf.matmul(tf.cast(weights, dtype), v), c.width) @ \
-            tf.cast(block["o"], dtype)
-        x = x + dropout(tf.cast(attended, tf.float32), c.dropout, seed, key + 1)
+        attended = hstu.packed(merge_heads(tf.matmul(tf.cast(weights, dtype), v), c.width),
+                               at) @ tf.cast(block["o"], dtype)
+        x = x + dropout(tf.cast(attended, tf.float32), c.dropout, seed, key + 1, at)
         h = tf.cast(layer_norm(x, *block["norm_2"]), dtype)
         h = tf.nn.relu(h @ tf.cast(block["ffn_in"], dtype) + tf.cast(block["ffn_in_bias"], dtype))
-        h = dropout(tf.cast(h, tf.float32), c.dropout, seed, key + 2)
+        h = dropout(tf.cast(h, tf.float32), c.dropout, seed, key + 2, at)
         h = tf.cast(h, dtype) @ tf.cast(block["ffn_out"], dtype) + \
             tf.cast(block["ffn_out_bias"], dtype)
-        return x + dropout(tf.cast(h, tf.float32), c.dropout, seed, key + 3)
+        return x + dropout(tf.cast(h, tf.float32), c.dropout, seed, key + 3, at)
 
-    def _hstu_block(self, block, x, visible, bias_index, buckets, seed, key, dtype):
+    def _hstu_block(self, block, x, at, visible, bias_index, buckets, seed, key, dtype):
         c = self.config
         return hstu.layer(block, x, visible, hstu.attention_bias(block, bias_index, buckets),
                           c.heads, c.length, dtype,
                           lambda w: dropout(w, c.attention_dropout, seed, key),
-                          lambda g: dropout(g, c.dropout, seed, key + 1))
+                          lambda g: dropout(g, c.dropout, seed, key + 1, at), at)
 
     # ---- scoring ---------------------------------------------------------------------------
     def item_vectors(self, rows=None, read: str = "catalogue"):

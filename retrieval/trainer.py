@@ -170,10 +170,12 @@ class RetrievalTask:
     def loss(self, inputs, embedded, context, compute_dtype):
         features, global_rows, seed = inputs
         history, following = history_and_next(features)
-        vectors = self.model.encode(history[ITEM_IDS], history.get(TIMESTAMPS), seed,
-                                    compute_dtype)
-        pairs = (history[ITEM_IDS] > 0) & (following > 0)
-        vectors, targets = tf.boolean_mask(vectors, pairs), tf.boolean_mask(following, pairs)
+        vectors, at = self.model.encode_real(history[ITEM_IDS], history.get(TIMESTAMPS), seed,
+                                             compute_dtype)
+        # a pair: a position holding an item whose next position does too
+        targets = tf.gather_nd(following, at)
+        vectors, targets = tf.boolean_mask(vectors, targets > 0), \
+            tf.boolean_mask(targets, targets > 0)
         if self.sampled:
             everyone = self.comm.allgather(targets, name="batch_targets") \
                 if self.gathers_targets else None

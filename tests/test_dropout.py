@@ -1,10 +1,12 @@
-"""dropout.bias_relu_dropout against numpy: the hash (re-implemented in numpy), the kept
-fraction and independence of the masks (binomial bounds), values and gradients."""
+"""dropout.bias_relu_dropout and hash_dropout against numpy: the hash (re-implemented in
+numpy), the kept fraction and independence of the masks (binomial bounds), values and
+gradients; a packed batch's dropout (core/hstu.py) takes the whole batch's masks."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
-from core.dropout import bias_relu_dropout, keep_hash
+from core import dropout, hstu
+from core.dropout import bias_relu_dropout, hash_dropout, keep_hash
 
 U = np.uint64  # every constant typed, so numpy never promotes to float
 M32, GOLDEN, GOLDEN2 = U(0xFFFFFFFF), U(0x9E3779B9), U(0x85EBCA77)
@@ -19,12 +21,17 @@ def fmix(h):
 
 
 def numpy_hash(rows, cols, seed):
-    """The formula of dropout.py's docstring in uint64 arithmetic masked to 32 bits."""
+    """The formula of dropout.py's docstring over a [rows, cols] matrix."""
+    return numpy_hash_at(np.arange(rows)[:, None], np.arange(cols)[None, :], seed)
+
+
+def numpy_hash_at(row, col, seed):
+    """The formula at int indices row, col (broadcast), in uint64 arithmetic masked to 32
+    bits."""
     words = np.array(seed, np.int64).view(np.uint32).astype(np.uint64)  # little endian
     k0 = fmix(words[0] ^ fmix((words[1] + GOLDEN) & M32))
     k1 = fmix(words[2] ^ fmix((words[3] + GOLDEN2) & M32) ^ k0)
-    row = np.arange(rows, dtype=U)[:, None]
-    col = np.arange(cols, dtype=U)[None, :]
+    row, col = (np.asarray(i).astype(np.uint32).astype(U) for i in (row, col))
     h = fmix(((row * GOLDEN) & M32) ^ k0)
     return fmix(fmix((h + col * GOLDEN2) & M32) ^ k1)
 
@@ -96,3 +103,45 @@ def test_bfloat16():
     out = bias_relu_dropout(product, tf.zeros([8], tf.bfloat16), 0.5, tf.constant([1, 2], tf.int64))
     assert out.dtype == tf.bfloat16
     assert set(np.unique(out.numpy().astype(np.float32))) <= {0.0, 2.0}
+
+
+@pytest.mark.parametrize("kernel", [True, False], ids=["HashDropout op", "TensorFlow ops"])
+def test_hash_dropout_values_and_gradient_match_numpy(kernel, monkeypatch):
+    """Element e of row r kept where the hash at (rows[r], offsets[r] + e) reaches rate * 2^32,
+    divided by 1 - rate; the gradient the upstream's with the same mask. The op and
+    TensorFlow's ops give the same floats."""
+    if not kernel:
+        monkeypatch.setattr(dropout, "cpu_library", lambda name: None)
+    elif dropout.cpu_library("hash_dropout") is None:
+        pytest.fail("build/hash_dropout.so is not built (make setup builds it)")
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(29, 67)).astype(np.float32)
+    upstream = rng.normal(size=x.shape).astype(np.float32)
+    rows, offsets = rng.integers(-5, 1000, 29), rng.integers(0, 4000, 29)
+    seed, rate = (11, -3), 0.3
+    keep = numpy_hash_at(rows[:, None], offsets[:, None] + np.arange(67)[None], seed) >= \
+        U(round(rate * 2 ** 32))
+    kept = np.float32(1 - rate)
+    x_tensor = tf.constant(x)
+    with tf.GradientTape() as tape:
+        tape.watch(x_tensor)
+        y = hash_dropout(x_tensor, tf.constant(rows, tf.int32), tf.constant(offsets, tf.int32),
+                         tf.constant(seed, tf.int64), rate)
+    np.testing.assert_array_equal(y.numpy(), np.where(keep, x / kept, 0))
+    np.testing.assert_array_equal(tape.gradient(y, x_tensor, upstream).numpy(),
+                                  np.where(keep, upstream / kept, 0))
+
+
+def test_a_packed_batch_takes_the_whole_batchs_masks():
+    """hstu.dropout of a [b, T, d] batch's real positions alone (packed, their (row, position)
+    given) equals the whole batch's dropout at those positions, at every rank's first row."""
+    rng = np.random.default_rng(5)
+    whole = tf.constant(rng.normal(size=(6, 9, 8)).astype(np.float32))
+    real = rng.random((6, 9)) < 0.4
+    at = tf.where(real)
+    for first_row in (0, 12):
+        seed = (tf.constant([3, 21], tf.int64), tf.constant(first_row, tf.int32))
+        want = tf.gather_nd(hstu.dropout(whole, 0.25, seed, key=7), at)
+        got = hstu.dropout(hstu.packed(whole, at), 0.25, seed, key=7, at=at)
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+        assert 0 < np.mean(got.numpy() == 0) < 0.5
