@@ -153,22 +153,25 @@ def distinct_ids(ids, num_rows: int):
 
 
 @tf.autograph.experimental.do_not_convert
-def softmax_cross_entropy_rows(queries, table, labels):
+def softmax_cross_entropy_rows(queries, table, labels, first_row: int = 0):
     """Per row p: the softmax cross-entropy of the logits queries[p] . table[n] over every row
-    n of the table at labels[p] (int64, 0-based), float32 [P], differentiable in queries and
-    table. On a CPU the TiledSoftmaxLoss op (ops/tiled_softmax.cc) makes the [P, N] logits a
-    tile of rows at a time (forward and backward), never whole; else TensorFlow's ops."""
+    n >= first_row of the table at labels[p] (int64, counted from first_row), float32 [P],
+    differentiable in queries and table (0 in the rows before first_row: a padding row stays
+    in the table, never sliced off and padded back). On a CPU the TiledSoftmaxLoss op
+    (ops/tiled_softmax.cc) makes the [P, N] logits a tile of rows at a time (forward and
+    backward), never whole; else TensorFlow's ops."""
     lib = cpu_library("tiled_softmax")
     if lib is None or queries.dtype != tf.float32 or table.dtype != tf.float32:
         return tf.nn.sparse_softmax_cross_entropy_with_logits(
-            labels=labels, logits=tf.matmul(queries, table, transpose_b=True))
+            labels=labels, logits=tf.matmul(queries, table[first_row:], transpose_b=True))
 
     @tf.custom_gradient
     def loss(queries, table):
-        per_row, lse = lib.tiled_softmax_loss(queries, table, labels)
+        per_row, lse = lib.tiled_softmax_loss(queries, table, labels, first_row=first_row)
 
         def grad(upstream):
-            return lib.tiled_softmax_loss_grad(queries, table, labels, lse, upstream)
+            return lib.tiled_softmax_loss_grad(queries, table, labels, lse, upstream,
+                                               first_row=first_row)
         return per_row, grad
     return loss(queries, table)
 

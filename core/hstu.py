@@ -121,6 +121,56 @@ def unpacked(x, at, rows_and_length):
                                            tf.shape(x, out_type=tf.int64)[1:]], 0))
 
 
+class Packing:
+    """A batch of left-padded rows ids [b, T] packed to its n real positions (`at`, row-major),
+    and where its attention runs: rows of at most `short` items attend over their last
+    `short` positions only, the others over all T (Beauty: most histories are short, and
+    attention over the padded [b, T, T] cost as much as the rest of the encoder). A row's
+    attention reads its own row only, so the groups change no value. short None: one group,
+    the whole [b, T] layout (what attention dropout's masks are defined on)."""
+
+    def __init__(self, ids, short: int = None):
+        self.at = tf.where(ids > 0)
+        self.shape = tf.shape(ids, out_type=tf.int64)
+        self.groups = [None]
+        if short is not None:
+            long = tf.reduce_sum(tf.cast(ids > 0, tf.int64), 1) > short
+            self.groups = [self._group(tf.logical_not(long),
+                                       tf.minimum(tf.constant(short, tf.int64), self.shape[1])),
+                           self._group(long, self.shape[1])]
+
+    def _group(self, chosen, width):
+        """(rows, first position, packed positions, their (row, position) in the group)."""
+        slot = tf.cumsum(tf.cast(chosen, tf.int64)) - 1  # a chosen row's index in the group
+        members = tf.where(tf.gather(chosen, self.at[:, 0]))[:, 0]
+        at = tf.gather(self.at, members)
+        start = self.shape[1] - width
+        return (tf.where(chosen)[:, 0], start, members,
+                tf.stack([tf.gather(slot, at[:, 0]), at[:, 1] - start], 1))
+
+    def attention(self, attend, *inputs):
+        """attend(window, *unpacked) -> [b', T', e] for each group: its rows' packed inputs
+        [n, e] unpacked to [b', T', e], window(t) its part of a [b or 1, ..., T, T] tensor of
+        the whole layout -> the outputs packed, [n, e]."""
+        outputs, members = [], []
+        for group in self.groups:
+            if group is None:
+                window = lambda t: t  # noqa: E731
+                outputs.append(packed(attend(window, *(unpacked(x, self.at, self.shape)
+                                                       for x in inputs)), self.at))
+                continue
+            rows, start, chosen, at = group
+            shape = tf.stack([tf.size(rows, out_type=tf.int64), self.shape[1] - start])
+
+            def window(t, rows=rows, start=start):  # a leading 1 broadcasts to any rows
+                t = t if t.shape[0] == 1 else tf.gather(t, rows)
+                return t[..., start:, start:]
+            outputs.append(packed(attend(window, *(unpacked(tf.gather(x, chosen), at, shape)
+                                                   for x in inputs)), at))
+            members.append(tf.cast(chosen, tf.int32))
+        return outputs[0] if not members else tf.dynamic_stitch(members, outputs)
+
+
 def time_buckets(timestamps):
     """[b, L] int64 -> [b, L, L] bucket of |t_i - t_j| (query i, key j)."""
     gap = tf.abs(timestamps[:, :, None] - timestamps[:, None, :])
@@ -180,24 +230,24 @@ def _output(variables, x, u, attended, dtype, drop=None):
 
 
 def layer(variables, x, visible, bias, heads: int, normalizer, dtype=tf.float32,
-          attention_drop=None, drop=None, at=None):
+          attention_drop=None, drop=None, packing=None):
     """One HSTU layer (variables: block_weights()'s) over x [b, T, d] float32 -> [b, T, d].
     visible: bool [b, T, T] (query i may read key j); bias: attention_bias()'s;
     normalizer: n; attention_drop / drop: functions applied to the attention weights
     [b, h, T, T] and to U * LayerNorm(A V) [b, T, d] (dropout while training; None: none).
-    at: x is packed (packed()'s [n, d], and so are the output and drop's input): only the
-    attention reads the [b, T] layout, where padding is never visible."""
+    packing: a Packing, x is packed ([n, d], and so are the output and drop's input): only
+    the attention reads a [rows, T] layout, where padding is never visible."""
     width = x.shape[-1]
     u, v, q, k = _projections(variables, x, dtype)
-    if at is not None:
-        v, q, k = (unpacked(t, at, tf.shape(visible, out_type=tf.int64)[:2]) for t in (v, q, k))
-    scores = tf.matmul(split_heads(q, heads), split_heads(k, heads), transpose_b=True)
-    weights = _weights(scores, bias, normalizer, visible[:, None])
-    if attention_drop is not None:
-        weights = attention_drop(weights)
-    attended = merge_heads(tf.matmul(tf.cast(weights, dtype), split_heads(v, heads)), width)
-    if at is not None:
-        attended = packed(attended, at)
+
+    def attend(window, v, q, k):
+        scores = tf.matmul(split_heads(q, heads), split_heads(k, heads), transpose_b=True)
+        weights = _weights(scores, window(bias), normalizer, window(visible)[:, None])
+        if attention_drop is not None:
+            weights = attention_drop(weights)
+        return merge_heads(tf.matmul(tf.cast(weights, dtype), split_heads(v, heads)), width)
+    attended = attend(lambda t: t, v, q, k) if packing is None else \
+        packing.attention(attend, v, q, k)
     return _output(variables, x, u, tf.cast(attended, tf.float32), dtype, drop)
 
 

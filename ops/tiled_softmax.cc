@@ -37,12 +37,16 @@ namespace tensorflow {
 using shape_inference::InferenceContext;
 using shape_inference::ShapeHandle;
 
+// first_row: the table's rows before it take no part (a padding row kept in the table, so
+// that the caller need not slice it off and the gradient need not pad it back: a copy of the
+// whole table each); labels count from it.
 REGISTER_OP("TiledSoftmaxLoss")
     .Input("queries: float")  // [P, d]
-    .Input("table: float")    // [N, d]
+    .Input("table: float")    // [first_row + N, d]
     .Input("labels: int64")   // [P] in [0, N)
     .Output("loss: float")    // [P]
     .Output("lse: float")     // [P]
+    .Attr("first_row: int = 0")
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle q;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &q));
@@ -58,7 +62,8 @@ REGISTER_OP("TiledSoftmaxLossGrad")
     .Input("lse: float")   // [P]
     .Input("grad: float")  // [P] the gradient reaching loss
     .Output("d_queries: float")
-    .Output("d_table: float")
+    .Output("d_table: float")  // the table's shape, 0 in the rows before first_row
+    .Attr("first_row: int = 0")
     .SetShapeFn([](InferenceContext* c) {
       c->set_output(0, c->input(0));
       c->set_output(1, c->input(1));
@@ -312,8 +317,8 @@ void AddQG(const float* Q, int64_t D, const float* G, int64_t rows, float* dTt) 
 // columns added), and per tile the items transposed (Tt). A value per Compute (a kernel may
 // run in several steps at once).
 struct Tiles {
-  // Checks queries [P, d], table [N, d] and a [P] int64 input `ids` in [0, N).
-  Status Prepare(OpKernelContext* ctx, int ids) {
+  // Checks queries [P, d], table [first_row + N, d] and a [P] int64 input `ids` in [0, N).
+  Status Prepare(OpKernelContext* ctx, int ids, int64_t first_row = 0) {
     const Tensor& q = ctx->input(0);
     const Tensor& t = ctx->input(1);
     const Tensor& id = ctx->input(ids);
@@ -325,8 +330,12 @@ struct Tiles {
       return errors::InvalidArgument("input ", ids, " must be [", q.dim_size(0), "], found ",
                                      id.shape().DebugString());
     }
+    if (first_row < 0 || first_row > t.dim_size(0)) {
+      return errors::InvalidArgument("first_row ", first_row, " outside the table's ",
+                                     t.dim_size(0), " rows");
+    }
     rows = q.dim_size(0);
-    items = t.dim_size(0);
+    items = t.dim_size(0) - first_row;
     d = q.dim_size(1);
     this->ids = id.flat<int64_t>().data();
     for (int64_t p = 0; p < rows; ++p) {
@@ -340,7 +349,7 @@ struct Tiles {
     tiles = (items + kTile - 1) / kTile;
     groups = std::min(kGroups, tiles);
     queries = q.flat<float>().data();
-    table = t.flat<float>().data();
+    table = t.flat<float>().data() + first_row * d;
     Q.assign(padded_rows * D, 0.0f);
     for (int64_t p = 0; p < rows; ++p)
       std::copy(queries + p * d, queries + (p + 1) * d, &Q[p * D]);
@@ -381,11 +390,13 @@ struct Tiles {
 
 class TiledSoftmaxLossOp : public OpKernel {
  public:
-  explicit TiledSoftmaxLossOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit TiledSoftmaxLossOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("first_row", &first_row_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     Tiles w;
-    OP_REQUIRES_OK(ctx, w.Prepare(ctx, 2));
+    OP_REQUIRES_OK(ctx, w.Prepare(ctx, 2, first_row_));
     Tensor *loss_out = nullptr, *lse_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({w.rows}), &loss_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({w.rows}), &lse_out));
@@ -437,15 +448,20 @@ class TiledSoftmaxLossOp : public OpKernel {
       loss[p] = lse[p] - Dot(w.queries + p * w.d, w.table + w.ids[p] * w.d, w.d);
     }
   }
+
+ private:
+  int64_t first_row_ = 0;
 };
 
 class TiledSoftmaxLossGradOp : public OpKernel {
  public:
-  explicit TiledSoftmaxLossGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit TiledSoftmaxLossGradOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("first_row", &first_row_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     Tiles w;
-    OP_REQUIRES_OK(ctx, w.Prepare(ctx, 2));
+    OP_REQUIRES_OK(ctx, w.Prepare(ctx, 2, first_row_));
     const Tensor& lse_in = ctx->input(3);
     const Tensor& grad_in = ctx->input(4);
     OP_REQUIRES(ctx, lse_in.NumElements() == w.rows && grad_in.NumElements() == w.rows,
@@ -456,8 +472,12 @@ class TiledSoftmaxLossGradOp : public OpKernel {
     float* dq = dq_out->flat<float>().data();
     float* dt = dt_out->flat<float>().data();
     std::fill(dq, dq + w.rows * w.d, 0.0f);
-    std::fill(dt, dt + w.items * w.d, 0.0f);
-    if (w.rows == 0 || w.items == 0) return;
+    std::fill(dt, dt + first_row_ * w.d, 0.0f);
+    dt += first_row_ * w.d;
+    if (w.rows == 0 || w.items == 0) {
+      std::fill(dt, dt + w.items * w.d, 0.0f);
+      return;
+    }  // else every tile writes its rows of dt whole
     const float* lse = lse_in.flat<float>().data();
     const float* grad = grad_in.flat<float>().data();
     std::vector<float> partial(w.groups * w.padded_rows * w.D, 0.0f);  // d_queries per group
@@ -503,6 +523,9 @@ class TiledSoftmaxLossGradOp : public OpKernel {
         for (int64_t k = 0; k < w.d; ++k) dq[p * w.d + k] += part[p * w.D + k];
     }
   }
+
+ private:
+  int64_t first_row_ = 0;
 };
 
 class TiledTargetRanksOp : public OpKernel {

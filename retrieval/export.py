@@ -86,7 +86,7 @@ class Retriever(tf.Module):
             rows, times = most_recent(rows, length), None
         else:
             rows, times = most_recent(rows, length, timestamps)
-        return self.model.encode(rows, times)[:, -1]
+        return self.model.encode(rows, times, short_attention=False)[:, -1]
 
     @tf.function(jit_compile=True, autograph=False)
     def _static_query(self, item_ids, timestamps=None):

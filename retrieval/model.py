@@ -28,6 +28,9 @@ from core.dynamic import DynamicTable
 from core.hstu import NamedWeights, dropout, layer_norm, merge_heads, split_heads
 
 MODELS = ("sasrec", "hstu")
+# histories of at most this many items attend over their last this many positions only
+# (hstu.Packing): most of Beauty's are that short (median 6 of 50)
+SHORT_ATTENTION = 16
 
 
 @dataclass(frozen=True)
@@ -168,21 +171,30 @@ class Encoder(tf.Module):
         return rows if self.dynamic is None else tf.gather(self.dynamic.row_ids, rows)
 
     # ---- the encoders ----------------------------------------------------------------------
-    def encode(self, ids, timestamps=None, seed=None, compute_dtype=tf.float32):
+    def encode(self, ids, timestamps=None, seed=None, compute_dtype=tf.float32,
+               short_attention: bool = True):
         """ids int64 [b, L'] (L' <= L: the last L' of L positions) -> float32 [b, L', d]:
         position p's vector predicts the next item (a padded position's is the final
         norm's offset, what a history of nothing gives).
-        seed (dropout()'s) turns dropout on (training)."""
-        vectors, at = self.encode_real(ids, timestamps, seed, compute_dtype)
+        seed (dropout()'s) turns dropout on (training). short_attention: short histories
+        attend over their last positions only (encode_real); False under XLA, which cannot
+        compile the groups' data-dependent shapes."""
+        vectors, at = self.encode_real(ids, timestamps, seed, compute_dtype, short_attention)
         whole = hstu.unpacked(vectors, at, tf.shape(ids, out_type=tf.int64))
         return tf.where((ids > 0)[:, :, None], whole, self.final_norm[1])
 
-    def encode_real(self, ids, timestamps=None, seed=None, compute_dtype=tf.float32):
+    def encode_real(self, ids, timestamps=None, seed=None, compute_dtype=tf.float32,
+                    short_attention: bool = True):
         """encode()'s vectors of the positions that hold an item only: (float32 [n, d], their
         int64 [n, 2] (row, position) in ids, in row-major order). Every position-wise step
-        runs on these n rows (hstu.packed), only the attention on the [b, L'] layout."""
+        runs on these n rows (hstu.Packing), only the attention on a [rows, positions]
+        layout: the short histories' over their last SHORT_ATTENTION positions (unless
+        short_attention is False, or attention dropout's masks, drawn over the whole
+        [b, L', L'] layout, are on)."""
         c = self.config
-        at = tf.where(ids > 0)
+        short = short_attention and c.attention_dropout == 0
+        packing = hstu.Packing(ids, SHORT_ATTENTION if short else None)
+        at = packing.at
         # fewer than L columns: the most recent ones (left padding cut), at their positions
         length = tf.shape(ids)[1]
         x = self.item_vectors(hstu.packed(ids, at), "history") * (c.width ** 0.5) + \
@@ -198,25 +210,27 @@ class Encoder(tf.Module):
         for b, block in enumerate(self.blocks):
             key = 10 * (b + 1)
             if c.model == "sasrec":
-                x = self._sasrec_block(block, x, at, visible, seed, key, compute_dtype)
+                x = self._sasrec_block(block, x, packing, visible, seed, key, compute_dtype)
             else:
-                x = self._hstu_block(block, x, at, visible, bias_index, buckets, seed, key,
+                x = self._hstu_block(block, x, packing, visible, bias_index, buckets, seed, key,
                                      compute_dtype)
         return layer_norm(x, *self.final_norm), at
 
-    def _sasrec_block(self, block, x, at, visible, seed, key, dtype):
+    def _sasrec_block(self, block, x, packing, visible, seed, key, dtype):
         """x, the output: packed [n, d] (encode_real's)."""
-        c = self.config
-        rows_and_length = tf.shape(visible, out_type=tf.int64)[:2]
+        c, at = self.config, packing.at
         h = tf.cast(layer_norm(x, *block["norm_1"]), dtype)
-        q, k, v = (split_heads(hstu.unpacked(h @ tf.cast(block[n], dtype), at, rows_and_length),
-                               c.heads) for n in ("q", "k", "v"))
-        logits = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32) * \
-            (c.width // c.heads) ** -0.5
-        logits = tf.where(visible[:, None], logits, -1e9)
-        weights = dropout(tf.nn.softmax(logits), c.attention_dropout, seed, key)
-        attended = hstu.packed(merge_heads(tf.matmul(tf.cast(weights, dtype), v), c.width),
-                               at) @ tf.cast(block["o"], dtype)
+
+        def attend(window, q, k, v):
+            q, k, v = (split_heads(t, c.heads) for t in (q, k, v))
+            logits = tf.cast(tf.matmul(q, k, transpose_b=True), tf.float32) * \
+                (c.width // c.heads) ** -0.5
+            logits = tf.where(window(visible)[:, None], logits, -1e9)
+            weights = dropout(tf.nn.softmax(logits), c.attention_dropout, seed, key)
+            return merge_heads(tf.matmul(tf.cast(weights, dtype), v), c.width)
+        attended = packing.attention(attend, *(h @ tf.cast(block[n], dtype)
+                                               for n in ("q", "k", "v")))
+        attended = attended @ tf.cast(block["o"], dtype)
         x = x + dropout(tf.cast(attended, tf.float32), c.dropout, seed, key + 1, at)
         h = tf.cast(layer_norm(x, *block["norm_2"]), dtype)
         h = tf.nn.relu(h @ tf.cast(block["ffn_in"], dtype) + tf.cast(block["ffn_in_bias"], dtype))
@@ -225,12 +239,12 @@ class Encoder(tf.Module):
             tf.cast(block["ffn_out_bias"], dtype)
         return x + dropout(tf.cast(h, tf.float32), c.dropout, seed, key + 3, at)
 
-    def _hstu_block(self, block, x, at, visible, bias_index, buckets, seed, key, dtype):
+    def _hstu_block(self, block, x, packing, visible, bias_index, buckets, seed, key, dtype):
         c = self.config
         return hstu.layer(block, x, visible, hstu.attention_bias(block, bias_index, buckets),
                           c.heads, c.length, dtype,
                           lambda w: dropout(w, c.attention_dropout, seed, key),
-                          lambda g: dropout(g, c.dropout, seed, key + 1, at), at)
+                          lambda g: dropout(g, c.dropout, seed, key + 1, packing.at), packing)
 
     # ---- scoring ---------------------------------------------------------------------------
     def item_vectors(self, rows=None, read: str = "catalogue"):
@@ -255,9 +269,11 @@ class Encoder(tf.Module):
     def _as_scored(self, vectors):
         return tf.math.l2_normalize(vectors, -1) if self.config.normalize else vectors
 
-    def catalogue(self):
-        """[N, d] the items 1..N as scored (row 0, the padding, is never a candidate)."""
-        return self._as_scored(self.item_vectors()[1:])
+    def catalogue(self, padded: bool = False):
+        """[N, d] the items 1..N as scored (row 0, the padding, is never a candidate);
+        padded: [1 + N, d], row 0 kept first (for a caller that leaves it out itself)."""
+        vectors = self._as_scored(self.item_vectors())
+        return vectors if padded else vectors[1:]
 
     def scored_items(self, rows, read: str):
         """catalogue()'s vectors of item rows `rows` (1..N, any shape), computed for those

@@ -93,14 +93,15 @@ def sampled_softmax(model, vectors, targets, negatives: str, count: int, seed, c
         labels=tf.zeros_like(targets, tf.int32), logits=logits)
 
 
-def scored(model, vectors, compute_dtype):
+def scored(model, vectors, compute_dtype, padded: bool = False):
     """(queries [n, d], table [C, d]): what model.scores multiplies, float32, its C candidate
     items first (a dynamic table's allocated rows are rows 1..C), in compute_dtype's
-    precision (bfloat16: rounded to it, the products summed in float32)."""
-    queries, table = model.queries(vectors), model.catalogue()
+    precision (bfloat16: rounded to it, the products summed in float32). padded: the table
+    keeps the padding row 0 first ([1 + C, d])."""
+    queries, table = model.queries(vectors), model.catalogue(padded)
     candidates = model.candidates()
     if candidates is not None:
-        table = table[:tf.reduce_sum(tf.cast(candidates, tf.int32))]
+        table = table[:tf.reduce_sum(tf.cast(candidates, tf.int32)) + int(padded)]
     if compute_dtype != tf.float32:
         queries, table = (tf.cast(tf.cast(x, compute_dtype), tf.float32) for x in (queries, table))
     return queries, table
@@ -108,9 +109,10 @@ def scored(model, vectors, compute_dtype):
 
 def full_softmax(model, vectors, targets, compute_dtype):
     """Per-pair softmax cross-entropy of each target (a row 1..N) over every candidate item:
-    model.scores' logits, a tile of items at a time (core/fused_ops.py), never whole."""
-    queries, table = scored(model, vectors, compute_dtype)
-    return softmax_cross_entropy_rows(queries, table, targets - 1)
+    model.scores' logits, a tile of items at a time (core/fused_ops.py), never whole; the
+    padding row stays in the table, out of the softmax."""
+    queries, table = scored(model, vectors, compute_dtype, padded=True)
+    return softmax_cross_entropy_rows(queries, table, targets - 1, first_row=1)
 
 
 class RetrievalTask:

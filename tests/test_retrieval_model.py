@@ -11,6 +11,7 @@ import tensorflow as tf
 
 from retrieval.export import EMBEDDINGS_FILE, export, most_recent
 from retrieval.metrics import METRIC_KEYS, ranking_metrics, target_ranks
+from retrieval import model as retrieval_model
 from retrieval.model import Encoder, RetrievalConfig
 from retrieval.trainer import full_softmax, sampled_softmax
 
@@ -84,9 +85,13 @@ def randomised(model, seed=3):
 HISTORIES = np.array([[0, 0, 0, 4, 2, 7], [3, 1, 5, 5, 2, 6], [0, 0, 0, 0, 0, 1]], np.int64)
 
 
+@pytest.mark.parametrize("short", [16, 3], ids=["one group", "short and long rows"])
 @pytest.mark.parametrize("kind,heads,timestamps", [("hstu", 1, False), ("hstu", 2, True),
                                                    ("sasrec", 1, False), ("sasrec", 2, False)])
-def test_encoder_matches_numpy_equations(kind, heads, timestamps):
+def test_encoder_matches_numpy_equations(kind, heads, timestamps, short, monkeypatch):
+    """short: histories of at most that many items attend over their last positions only
+    (3: the rows of 1 and 3 items do, the row of 6 over all 6)."""
+    monkeypatch.setattr(retrieval_model, "SHORT_ATTENTION", short)
     model = randomised(Encoder(RetrievalConfig(model=kind, items=7, length=6, width=8, blocks=2,
                                                heads=heads, timestamps=timestamps, seed=5)))
     times = np.cumsum(np.random.default_rng(0).integers(0, 10 ** 6, HISTORIES.shape), 1) \
@@ -96,6 +101,28 @@ def test_encoder_matches_numpy_equations(kind, heads, timestamps):
     want = np_encode(model, HISTORIES, times)
     real = HISTORIES > 0  # padded positions carry no output anyone reads
     np.testing.assert_allclose(got[real], want[real], rtol=2e-4, atol=2e-4)
+
+
+@pytest.mark.parametrize("kind", ["hstu", "sasrec"])
+def test_short_histories_attending_apart_change_no_training_value(kind, monkeypatch):
+    """Training's encoder (dropout on) with the short rows' attention apart equals the one over
+    the whole padded layout: values and gradients."""
+    monkeypatch.setattr(retrieval_model, "SHORT_ATTENTION", 3)
+    model = randomised(Encoder(RetrievalConfig(model=kind, items=7, length=6, width=8,
+                                               dropout=0.3, timestamps=kind == "hstu")))
+    ids = tf.constant(HISTORIES)
+    times = tf.constant(np.cumsum(np.ones(HISTORIES.shape, np.int64) * 1000, 1))
+    seed = (tf.constant([4, 9], tf.int64), tf.constant(2, tf.int32))
+    got = []
+    for short in (True, False):
+        with tf.GradientTape() as tape:
+            vectors, _ = model.encode_real(ids, times if kind == "hstu" else None, seed,
+                                           short_attention=short)
+            total = tf.reduce_sum(vectors * tf.range(1.0, 9.0))
+        got.append([vectors] + [tf.convert_to_tensor(g) for g in
+                                tape.gradient(total, list(model.named.values()))])
+    for grouped, whole in zip(*got):
+        np.testing.assert_allclose(grouped.numpy(), whole.numpy(), rtol=1e-5, atol=1e-6)
 
 
 def test_hstu_time_bias_changes_the_output():

@@ -55,6 +55,34 @@ def test_loss_and_gradients_match_numpy(rows, items, width, spread):
     np.testing.assert_allclose(dt.numpy(), want_dt, rtol=1e-4, atol=2e-5 * scale)
 
 
+@pytest.mark.parametrize("first_row", [1, 3])
+@pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "TensorFlow ops"])
+def test_rows_before_first_row_take_no_part(first_row, kernel, monkeypatch):
+    """A table whose first rows are left out (a padding row): the loss and gradients of the
+    rest alone, labels counted from first_row, and a zero gradient for the rows left out."""
+    if kernel:
+        require_kernel()
+    else:
+        monkeypatch.setattr(fused_ops, "cpu_library", lambda name: None)
+    rng = np.random.default_rng(first_row)
+    q = rng.normal(size=(11, 16)).astype(np.float32)
+    t = rng.normal(size=(first_row + 400, 16)).astype(np.float32)
+    labels = rng.integers(0, 400, 11)
+    upstream = rng.normal(size=11).astype(np.float32)
+    qv, tv = tf.constant(q), tf.constant(t)
+    with tf.GradientTape() as tape:
+        tape.watch([qv, tv])
+        loss = fused_ops.softmax_cross_entropy_rows(qv, tv, tf.constant(labels), first_row)
+        total = tf.reduce_sum(loss * upstream)
+    dq, dt = tape.gradient(total, [qv, tv])
+    want_loss, want_dq, want_dt = np_loss_and_grads(q, t[first_row:], labels, upstream)
+    np.testing.assert_allclose(loss.numpy(), want_loss, rtol=1e-4, atol=2e-5)
+    np.testing.assert_allclose(dq.numpy(), want_dq, rtol=1e-4, atol=2e-5)
+    np.testing.assert_array_equal(tf.convert_to_tensor(dt).numpy()[:first_row], 0)
+    np.testing.assert_allclose(tf.convert_to_tensor(dt).numpy()[first_row:], want_dt,
+                               rtol=1e-4, atol=2e-5)
+
+
 def test_loss_equals_tensorflows_sparse_softmax_cross_entropy():
     """The kernel path and TensorFlow's ops (the path without the kernel) agree."""
     require_kernel()
