@@ -132,7 +132,9 @@ class Packing:
     def __init__(self, ids, short: int = None):
         self.at = tf.where(ids > 0)
         self.shape = tf.shape(ids, out_type=tf.int64)
-        self.groups = [None]
+        # each group: (its rows, None: all; its first position; its members' packed
+        # positions, None: all; their (row, position) in the group's [rows, T'] layout)
+        self.groups = [(None, 0, None, self.at)]
         if short is not None:
             long = tf.reduce_sum(tf.cast(ids > 0, tf.int64), 1) > short
             self.groups = [self._group(tf.logical_not(long),
@@ -140,7 +142,6 @@ class Packing:
                            self._group(long, self.shape[1])]
 
     def _group(self, chosen, width):
-        """(rows, first position, packed positions, their (row, position) in the group)."""
         slot = tf.cumsum(tf.cast(chosen, tf.int64)) - 1  # a chosen row's index in the group
         members = tf.where(tf.gather(chosen, self.at[:, 0]))[:, 0]
         at = tf.gather(self.at, members)
@@ -152,23 +153,20 @@ class Packing:
         """attend(window, *unpacked) -> [b', T', e] for each group: its rows' packed inputs
         [n, e] unpacked to [b', T', e], window(t) its part of a [b or 1, ..., T, T] tensor of
         the whole layout -> the outputs packed, [n, e]."""
-        outputs, members = [], []
-        for group in self.groups:
-            if group is None:
-                window = lambda t: t  # noqa: E731
-                outputs.append(packed(attend(window, *(unpacked(x, self.at, self.shape)
-                                                       for x in inputs)), self.at))
-                continue
-            rows, start, chosen, at = group
-            shape = tf.stack([tf.size(rows, out_type=tf.int64), self.shape[1] - start])
+        outputs = []
+        for rows, start, members, at in self.groups:
+            rows_and_length = self.shape if rows is None else \
+                tf.stack([tf.size(rows, out_type=tf.int64), self.shape[1] - start])
 
             def window(t, rows=rows, start=start):  # a leading 1 broadcasts to any rows
-                t = t if t.shape[0] == 1 else tf.gather(t, rows)
+                t = t if rows is None or t.shape[0] == 1 else tf.gather(t, rows)
                 return t[..., start:, start:]
-            outputs.append(packed(attend(window, *(unpacked(tf.gather(x, chosen), at, shape)
-                                                   for x in inputs)), at))
-            members.append(tf.cast(chosen, tf.int32))
-        return outputs[0] if not members else tf.dynamic_stitch(members, outputs)
+            mine = inputs if members is None else (tf.gather(x, members) for x in inputs)
+            outputs.append(packed(attend(window, *(unpacked(x, at, rows_and_length)
+                                                   for x in mine)), at))
+        if len(outputs) == 1:
+            return outputs[0]
+        return tf.dynamic_stitch([tf.cast(g[2], tf.int32) for g in self.groups], outputs)
 
 
 def time_buckets(timestamps):
