@@ -152,6 +152,13 @@ def distinct_ids(ids, num_rows: int):
     return lib.distinct_ids(ids, tf.constant(num_rows, tf.int64))
 
 
+# The forward pass keeps its exponentials for the gradient up to this many floats (256 MB):
+# reading them back costs less than making them again (one of the softmax's four matrix
+# products, and an exp per logit). Beyond it (a large catalogue) the gradient makes each
+# tile's logits again.
+KEPT_LIMIT = 1 << 26
+
+
 @tf.autograph.experimental.do_not_convert
 def softmax_cross_entropy_rows(queries, table, labels, first_row: int = 0):
     """Per row p: the softmax cross-entropy of the logits queries[p] . table[n] over every row
@@ -167,11 +174,13 @@ def softmax_cross_entropy_rows(queries, table, labels, first_row: int = 0):
 
     @tf.custom_gradient
     def loss(queries, table):
-        per_row, lse = lib.tiled_softmax_loss(queries, table, labels, first_row=first_row)
+        per_row, lse, exps, shifts = lib.tiled_softmax_loss(queries, table, labels,
+                                                            first_row=first_row,
+                                                            kept_limit=KEPT_LIMIT)
 
         def grad(upstream):
-            return lib.tiled_softmax_loss_grad(queries, table, labels, lse, upstream,
-                                               first_row=first_row)
+            return lib.tiled_softmax_loss_grad(queries, table, labels, lse, upstream, exps,
+                                               shifts, first_row=first_row)
         return per_row, grad
     return loss(queries, table)
 

@@ -1,10 +1,15 @@
-// The softmax over a whole catalogue without its [rows x items] logits in memory: the logits
-// s[p, n] = queries[p] . table[n] are made one tile of items at a time and used at once.
+// The softmax over a whole catalogue without TensorFlow's [rows x items] logits, softmax and
+// gradient: the logits s[p, n] = queries[p] . table[n] are made one tile of items at a time
+// and used at once.
 //
 // TiledSoftmaxLoss: loss[p] = logsumexp_n s[p, n] - s[p, label[p]] and the log-sum-exp,
 //   a running (max, sum of exp) per row over each range of tiles, the ranges then merged.
 // TiledSoftmaxLossGrad: with the log-sum-exp, each tile's logits made again, then
 //   G = grad[p] (exp(s - lse[p]) - [n == label[p]]) and d_queries += G T, d_table += G^T Q.
+//   Where the forward pass kept its exponentials (kept_limit: below 256 MB, say), G is read
+//   from them instead: exps[tile, p, c] = exp(s - shifts[tile, p]), the running max of row p
+//   once that tile is in, so exp(s - lse) = exps * exp(shift - lse). That saves one of the
+//   four products and the gradient's exp per logit (P rounded up to 6 rows; padding zero).
 // TiledTargetRanks: rank[p] = #{n : s[p, n] >= s[p, target[p]]} - 1 (ties count against the
 //   target, as retrieval/metrics.py's target_ranks), and the same without the row's seen
 //   items (seen [p, L], -1: none; the target is never removed).
@@ -12,7 +17,8 @@
 // As TensorFlow ops, the loss and its gradient write and read the [rows x items] logits, their
 // softmax and its gradient in full (~40 MB each at 900 pairs x 12,101 items, out of cache):
 // the step waited on memory. Here a tile of items (kTile x d) and a chunk of rows' logits
-// (kRows x kTile) stay in cache while three small matrix products run on them.
+// (kRows x kTile) stay in cache while three small matrix products run on them; the kept
+// exponentials are written once, past the caches, and read once.
 //
 // Every logit is one chain of FMAs over k = 0..d-1 from 0 (the lanes of a vector hold
 // items, never parts of one sum), so the target's score computed alone (Dot) is the tile's
@@ -46,12 +52,17 @@ REGISTER_OP("TiledSoftmaxLoss")
     .Input("labels: int64")   // [P] in [0, N)
     .Output("loss: float")    // [P]
     .Output("lse: float")     // [P]
+    .Output("exps: float")    // kept for the gradient (below), or [0]
+    .Output("shifts: float")  // kept for the gradient (below), or [0]
     .Attr("first_row: int = 0")
+    .Attr("kept_limit: int = 0")  // keep exps when they hold at most this many floats
     .SetShapeFn([](InferenceContext* c) {
       ShapeHandle q;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &q));
       c->set_output(0, c->Vector(c->Dim(q, 0)));
       c->set_output(1, c->Vector(c->Dim(q, 0)));
+      c->set_output(2, c->UnknownShape());
+      c->set_output(3, c->UnknownShape());
       return OkStatus();
     });
 
@@ -61,6 +72,8 @@ REGISTER_OP("TiledSoftmaxLossGrad")
     .Input("labels: int64")
     .Input("lse: float")   // [P]
     .Input("grad: float")  // [P] the gradient reaching loss
+    .Input("exps: float")    // TiledSoftmaxLoss's: the softmax read from them where not [0],
+    .Input("shifts: float")  // else made again from the logits
     .Output("d_queries: float")
     .Output("d_table: float")  // the table's shape, 0 in the rows before first_row
     .Attr("first_row: int = 0")
@@ -125,6 +138,12 @@ inline float Max(const float* s) {
   alignas(32) float lanes[8];
   _mm256_store_ps(lanes, top);
   return *std::max_element(lanes, lanes + 8);
+}
+
+// to[0, n) = from[0, n), n a multiple of 8, `to` 32-byte aligned: past the caches (the kept
+// exponentials are read again only by the gradient, after the whole forward pass).
+inline void StreamCopy(const float* from, int64_t n, float* to) {
+  for (int64_t c = 0; c < n; c += 8) _mm256_stream_ps(to + c, _mm256_loadu_ps(from + c));
 }
 
 // The score of one query and one item as every tile makes it.
@@ -392,14 +411,24 @@ class TiledSoftmaxLossOp : public OpKernel {
  public:
   explicit TiledSoftmaxLossOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("first_row", &first_row_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("kept_limit", &kept_limit_));
   }
 
   void Compute(OpKernelContext* ctx) override {
     Tiles w;
     OP_REQUIRES_OK(ctx, w.Prepare(ctx, 2, first_row_));
-    Tensor *loss_out = nullptr, *lse_out = nullptr;
+    Tensor *loss_out = nullptr, *lse_out = nullptr, *exps_out = nullptr, *shifts_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({w.rows}), &loss_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({w.rows}), &lse_out));
+    const bool keep = w.rows > 0 && w.tiles * w.padded_rows * kTile <= kept_limit_;
+    const TensorShape none({0});
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            2, keep ? TensorShape({w.tiles, w.padded_rows, kTile}) : none,
+                            &exps_out));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, keep ? TensorShape({w.tiles, w.padded_rows}) : none,
+                                             &shifts_out));
+    float* kept = keep ? exps_out->flat<float>().data() : nullptr;
+    float* shifts = keep ? shifts_out->flat<float>().data() : nullptr;
     if (w.rows == 0) return;
     OP_REQUIRES(ctx, w.items > 0, errors::InvalidArgument(name(), ": an empty table"));
     // per group and row: the largest logit and the sum of exp(logit - it)
@@ -427,14 +456,20 @@ class TiledSoftmaxLossOp : public OpKernel {
             }
             const __m256 shift = _mm256_set1_ps(mp);
             __m256 acc = _mm256_setzero_ps();
-            for (int64_t c = 0; c < kTile; c += 8)
-              acc = _mm256_add_ps(acc, Exp(_mm256_sub_ps(_mm256_loadu_ps(s + c), shift)));
+            for (int64_t c = 0; c < kTile; c += 8) {
+              const __m256 e = Exp(_mm256_sub_ps(_mm256_loadu_ps(s + c), shift));
+              acc = _mm256_add_ps(acc, e);
+              if (kept) _mm256_storeu_ps(s + c, e);
+            }
             alignas(32) float lanes[8];
             _mm256_store_ps(lanes, acc);
             for (float v : lanes) zp += v;
+            if (kept) shifts[i * w.padded_rows + r + j] = mp;
           }
+          if (kept) StreamCopy(S.data(), chunk * kTile, kept + (i * w.padded_rows + r) * kTile);
         }
       }
+      _mm_sfence();  // the streamed exponentials visible before the gradient reads them
     });
     float* loss = loss_out->flat<float>().data();
     float* lse = lse_out->flat<float>().data();
@@ -450,7 +485,7 @@ class TiledSoftmaxLossOp : public OpKernel {
   }
 
  private:
-  int64_t first_row_ = 0;
+  int64_t first_row_ = 0, kept_limit_ = 0;
 };
 
 class TiledSoftmaxLossGradOp : public OpKernel {
@@ -466,6 +501,16 @@ class TiledSoftmaxLossGradOp : public OpKernel {
     const Tensor& grad_in = ctx->input(4);
     OP_REQUIRES(ctx, lse_in.NumElements() == w.rows && grad_in.NumElements() == w.rows,
                 errors::InvalidArgument(name(), ": lse and grad must be [", w.rows, "]"));
+    const Tensor& exps_in = ctx->input(5);
+    const Tensor& shifts_in = ctx->input(6);
+    const bool keep = exps_in.NumElements() > 0;
+    OP_REQUIRES(ctx, exps_in.NumElements() == (keep ? w.tiles * w.padded_rows * kTile : 0) &&
+                         shifts_in.NumElements() == (keep ? w.tiles * w.padded_rows : 0),
+                errors::InvalidArgument(name(), ": exps and shifts must be TiledSoftmaxLoss's, ",
+                                        "found ", exps_in.shape().DebugString(), " and ",
+                                        shifts_in.shape().DebugString()));
+    const float* kept = keep ? exps_in.flat<float>().data() : nullptr;
+    const float* shifts = keep ? shifts_in.flat<float>().data() : nullptr;
     Tensor *dq_out = nullptr, *dt_out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ctx->input(0).shape(), &dq_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, ctx->input(1).shape(), &dt_out));
@@ -485,7 +530,7 @@ class TiledSoftmaxLossGradOp : public OpKernel {
       std::vector<float> Tt, Tr(kTile * w.D), dTt(w.D * kTile), G(kRows * kTile);
       float* dQ = &partial[g * w.padded_rows * w.D];
       for (int64_t i = w.FirstTile(g); i < w.FirstTile(g + 1); ++i) {
-        w.Transposed(i, &Tt);
+        if (!kept) w.Transposed(i, &Tt);
         const int64_t first = w.TileStart(i), count = w.TileItems(i);
         std::fill(Tr.begin(), Tr.end(), 0.0f);
         for (int64_t c = 0; c < count; ++c)
@@ -493,7 +538,7 @@ class TiledSoftmaxLossGradOp : public OpKernel {
         std::fill(dTt.begin(), dTt.end(), 0.0f);
         for (int64_t r = 0; r < w.padded_rows; r += kRows) {
           const int64_t chunk = std::min(kRows, w.padded_rows - r);
-          Logits(&w.Q[r * w.D], w.D, Tt.data(), chunk, G.data());
+          if (!kept) Logits(&w.Q[r * w.D], w.D, Tt.data(), chunk, G.data());
           for (int64_t j = 0; j < chunk; ++j) {
             float* s = &G[j * kTile];
             const int64_t p = r + j;
@@ -501,10 +546,18 @@ class TiledSoftmaxLossGradOp : public OpKernel {
               std::fill(s, s + kTile, 0.0f);
               continue;
             }
-            const __m256 shift = _mm256_set1_ps(lse[p]), scale = _mm256_set1_ps(grad[p]);
-            for (int64_t c = 0; c < kTile; c += 8) {
-              const __m256 e = Exp(_mm256_sub_ps(_mm256_loadu_ps(s + c), shift));
-              _mm256_storeu_ps(s + c, _mm256_mul_ps(scale, e));
+            if (kept) {  // exps * exp(shift - lse) * grad
+              const float* e = kept + ((i * w.padded_rows) + p) * kTile;
+              const __m256 scale =
+                  _mm256_set1_ps(grad[p] * std::exp(shifts[i * w.padded_rows + p] - lse[p]));
+              for (int64_t c = 0; c < kTile; c += 8)
+                _mm256_storeu_ps(s + c, _mm256_mul_ps(scale, _mm256_loadu_ps(e + c)));
+            } else {
+              const __m256 shift = _mm256_set1_ps(lse[p]), scale = _mm256_set1_ps(grad[p]);
+              for (int64_t c = 0; c < kTile; c += 8) {
+                const __m256 e = Exp(_mm256_sub_ps(_mm256_loadu_ps(s + c), shift));
+                _mm256_storeu_ps(s + c, _mm256_mul_ps(scale, e));
+              }
             }
             std::fill(s + count, s + kTile, 0.0f);
             const int64_t target = w.ids[p] - first;

@@ -33,9 +33,18 @@ def np_loss_and_grads(q, t, labels, upstream):
     return lse - s[rows, labels], g @ t, g.T @ q
 
 
+@pytest.fixture(params=["kept", "made again"])
+def gradient_source(request, monkeypatch):
+    """The gradient reads the forward pass's kept exponentials, or (a catalogue past
+    KEPT_LIMIT) makes each tile's logits again."""
+    if request.param == "made again":
+        monkeypatch.setattr(fused_ops, "KEPT_LIMIT", 0)
+    return request.param
+
+
 @pytest.mark.parametrize("rows,items,width", SHAPES)
 @pytest.mark.parametrize("spread", [1.0, 30.0])  # 30: logits in the hundreds (stability)
-def test_loss_and_gradients_match_numpy(rows, items, width, spread):
+def test_loss_and_gradients_match_numpy(rows, items, width, spread, gradient_source):
     require_kernel()
     rng = np.random.default_rng(rows * 1000 + items)
     q = (rng.normal(size=(rows, width)) * spread / np.sqrt(width)).astype(np.float32)
@@ -57,7 +66,7 @@ def test_loss_and_gradients_match_numpy(rows, items, width, spread):
 
 @pytest.mark.parametrize("first_row", [1, 3])
 @pytest.mark.parametrize("kernel", [True, False], ids=["kernel", "TensorFlow ops"])
-def test_rows_before_first_row_take_no_part(first_row, kernel, monkeypatch):
+def test_rows_before_first_row_take_no_part(first_row, kernel, monkeypatch, gradient_source):
     """A table whose first rows are left out (a padding row): the loss and gradients of the
     rest alone, labels counted from first_row, and a zero gradient for the rows left out."""
     if kernel:
@@ -81,6 +90,35 @@ def test_rows_before_first_row_take_no_part(first_row, kernel, monkeypatch):
     np.testing.assert_array_equal(tf.convert_to_tensor(dt).numpy()[:first_row], 0)
     np.testing.assert_allclose(tf.convert_to_tensor(dt).numpy()[first_row:], want_dt,
                                rtol=1e-4, atol=2e-5)
+
+
+@pytest.mark.parametrize("limit,kept", [(0, False), (1 << 26, True)])
+def test_exponentials_kept_within_the_limit_only(limit, kept):
+    """The forward pass keeps [tiles, rows rounded up to 6, 192] exponentials (each at most 1,
+    the padding 0) and a shift per tile and row, whose product with exp(shift - lse) is the
+    softmax; or nothing past kept_limit. A gradient given other shapes is an error."""
+    require_kernel()
+    lib = fused_ops.cpu_library("tiled_softmax")
+    rng = np.random.default_rng(4)
+    q, t = rng.normal(size=(7, 8)).astype(np.float32), rng.normal(size=(400, 8)).astype(
+        np.float32)
+    labels = tf.constant(rng.integers(0, 400, 7))
+    _, lse, exps, shifts = lib.tiled_softmax_loss(q, t, labels, kept_limit=limit)
+    assert exps.shape == ((3, 12, 192) if kept else (0,))
+    assert shifts.shape == ((3, 12) if kept else (0,))
+    if kept:
+        e = exps.numpy()
+        assert e.max() <= 1 and e.min() >= 0
+        np.testing.assert_array_equal(e[2, :7, 400 - 2 * 192:], 0)  # past the table
+        # what the gradient reads: exps * exp(shift - lse) is the softmax
+        s = q.astype(np.float64) @ t.T.astype(np.float64)
+        softmax = np.exp(s - s.max(1, keepdims=True))
+        softmax /= softmax.sum(1, keepdims=True)
+        got = e[:, :7] * np.exp(shifts.numpy()[:, :7, None] - lse.numpy()[None, :, None])
+        np.testing.assert_allclose(got.transpose(1, 0, 2).reshape(7, -1)[:, :400], softmax,
+                                   rtol=1e-5, atol=1e-7)
+        with pytest.raises(tf.errors.InvalidArgumentError, match="exps and shifts must be"):
+            lib.tiled_softmax_loss_grad(q, t, labels, lse, tf.ones([7]), exps[:2], shifts)
 
 
 def test_loss_equals_tensorflows_sparse_softmax_cross_entropy():
