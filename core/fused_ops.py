@@ -102,7 +102,7 @@ def sgd_rows(var):
 
 @tf.autograph.experimental.do_not_convert
 def recurrent_cells(dtype=tf.float32):
-    """The GRU / AUGRU cell ops (ops/recurrent_cells.cc) for float32 compute on a CPU, else
+    """The GRU / AUGRU sequence ops (ops/recurrent_cells.cc) for float32 compute on a CPU, else
     None."""
     return cpu_library("recurrent_cells") if dtype == tf.float32 else None
 

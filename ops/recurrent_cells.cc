@@ -1,27 +1,28 @@
-// The element-wise work of one step of a GRU (Keras' reset_after form) and of an AUGRU, forward
-// and backward, each as one pass over the batch. As TensorFlow ops the same step is a dozen
-// element-wise ops, each reading and writing [batch, 3 x units] tensors: at NVIDIA's DIEN
-// shape (96 units) they cost more than the step's matmuls. The matmuls stay TensorFlow's
-// (sim/blocks.py calls these ops between them).
+// A GRU (Keras' reset_after form) and an AUGRU over all their steps, forward and backward, each
+// as one op. A batch row's recurrence never reads another row's, so the rows are split over the
+// cores and each thread runs every step of its rows: a step's recurrent product is one small
+// GEMM of the thread's rows (Eigen), its element-wise work one pass over them. As TensorFlow ops
+// each step was a matmul and a cell op each way, ~100 ops per DIEN step whose dispatch cost more
+// than their arithmetic at NVIDIA's shape (batch 256, 96 units, 10 steps).
 //
-// Layouts: x [B, 3H] is the step's input projection (x W + b), a slice of the time-major
-// [S, B, 3H] projection of every step (sim/blocks.py): a step's rows lie together, where a
-// batch-major [B, S, 3H] spread them S rows apart and the ops waited on memory for half their
-// time. Gate columns: GRU z, r, n; AUGRU r, u, c. keep [B] = 1 - the step's attention.
+// Layouts: time-major, projected [S, B, 3H] is x W + b of every step (sim/blocks.py): a step's
+// rows lie together. Gate columns: GRU z, r, n; AUGRU r, u, c. keep [S, B] = 1 - attention.
+// The kernels' gradients are one matmul over all steps each, left to TensorFlow (sim/blocks.py).
 //
-// GRU forward (hu = h_prev U, b' the recurrent bias):
+// GRU forward (hu = h_prev U, b' the recurrent bias, h_prev = 0 at step 0):
 //   [z, r] = s(x_zr + hu_zr + b'_zr),  hu_n' = hu_n + b'_n,  n = tanh(x_n + r hu_n'),
 //   h = n + z (h_prev - n)
 // GRU backward (dh = carry + rec + d_state: the gradient reaching h):
 //   dn = dh (1 - z)(1 - n^2),  dz = dh (h_prev - n) z (1 - z),  dr = dn hu_n' r (1 - r)
-//   d_x = [dz, dr, dn],  d_hu = [dz, dr, r dn],  carry' = dh z   (dh_prev = carry' + d_hu U^T)
-// AUGRU forward: g = [r, u] = s(x_g + hg),  rh = r h_prev;  c = tanh(x_c + hc),
-//   h = c + k u (h_prev - c)   (hg = h_prev Wg_h, hc = rh Wc_h)
-// AUGRU backward (dh = carry + rec):  dc = dh (1 - k u)(1 - c^2)   (d_rh = dc Wc_h^T), then
+//   d_x = [dz, dr, dn],  d_hu = [dz, dr, r dn],  carry' = dh z,  rec' = d_hu U^T
+// AUGRU forward: g = [r, u] = s(x_g + h_prev Wg_h),  rh = r h_prev;  c = tanh(x_c + rh Wc_h),
+//   h = c + k u (h_prev - c)
+// AUGRU backward (dh = carry + rec):  dc = dh (1 - k u)(1 - c^2),  d_rh = dc Wc_h^T,
 //   d_ku = dh (h_prev - c),  dg = [d_rh h_prev, k d_ku] g (1 - g),  d_keep = sum(u d_ku),
-//   carry' = k u dh + r d_rh   (dh_prev = carry' + dg Wg_h^T)
-#include <initializer_list>
+//   carry' = k u dh + r d_rh,  rec' = dg Wg_h^T
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include "Eigen/Core"
 #include "tensorflow/core/framework/op.h"
@@ -37,346 +38,367 @@ using shape_inference::ShapeHandle;
 
 namespace {
 
-// Outputs [batch, k * units] for each k of `widths` (k = 0: [batch]); batch from input 0
-// ([batch, columns] in every op), units the last dimension of input `units_from`.
-Status SetOutputs(InferenceContext* c, int units_from, std::initializer_list<int> widths) {
-  ShapeHandle first, with_units;
-  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 2, &first));
-  TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(units_from), 1, &with_units));
-  DimensionHandle batch = c->Dim(first, 0), units = c->Dim(with_units, -1);
+// Outputs [S, B, k * units] for each k of `widths` (k = 0: [S, B]); S and B from input 0
+// ([S, B, 3H] in every op), units the first dimension of input `kernel` ([H, ...]).
+Status SetOutputs(InferenceContext* c, int kernel, std::initializer_list<int> widths) {
+  ShapeHandle first, weights;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &first));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(kernel), 2, &weights));
+  DimensionHandle steps = c->Dim(first, 0), batch = c->Dim(first, 1), units = c->Dim(weights, 0);
   int i = 0;
   for (int k : widths) {
     DimensionHandle columns;
     TF_RETURN_IF_ERROR(c->Multiply(units, k, &columns));
-    c->set_output(i++, k ? c->Matrix(batch, columns) : c->Vector(batch));
+    c->set_output(i++, k ? c->MakeShape({steps, batch, columns}) : c->Matrix(steps, batch));
   }
   return OkStatus();
 }
 
 }  // namespace
 
-REGISTER_OP("GruCellForward")
-    .Input("hu: float")              // [B, 3H] h_prev U (no bias)
-    .Input("x: float")               // [B, 3H]
+REGISTER_OP("GruSequence")
+    .Input("projected: float")       // [S, B, 3H]
+    .Input("recurrent: float")       // [H, 3H]
     .Input("recurrent_bias: float")  // [3H]
-    .Input("h_prev: float")          // [B, H]
-    .Output("h: float")
-    .Output("zr: float")
-    .Output("n: float")
-    .Output("hu_n: float")  // with its bias
-    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 3, {1, 2, 1, 1}); });
+    .Output("states: float")         // [S, B, H] the state after each step
+    .Output("zr: float")             // [S, B, 2H]
+    .Output("n: float")              // [S, B, H]
+    .Output("hu_n: float")           // [S, B, H] with its bias
+    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 1, {1, 2, 1, 1}); });
 
-REGISTER_OP("GruCellBackward")
-    .Input("carry: float")     // [B, H]
-    .Input("rec: float")       // [B, H]
-    .Input("d_state: float")   // [B, H]
+REGISTER_OP("GruSequenceGrad")
+    .Input("d_states: float")  // [S, B, H]
+    .Input("recurrent: float")
+    .Input("states: float")
     .Input("zr: float")
     .Input("n: float")
     .Input("hu_n: float")
-    .Input("h_prev: float")
-    .Output("d_x: float")    // [B, 3H]
-    .Output("d_hu: float")   // [B, 3H]
-    .Output("carry_out: float")
-    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 0, {3, 3, 1}); });
+    .Output("d_projected: float")  // [S, B, 3H]
+    .Output("d_hu: float")         // [S, B, 3H] the gradient of h_prev U + b'
+    .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle d;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 3, &d));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &d));
+      ShapeHandle states;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 3, &states));
+      DimensionHandle columns;
+      TF_RETURN_IF_ERROR(c->Multiply(c->Dim(states, 2), 3, &columns));
+      ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->ReplaceDim(states, 2, columns, &out));
+      c->set_output(0, out);
+      c->set_output(1, out);
+      return OkStatus();
+    });
 
-REGISTER_OP("AugruGates")
-    .Input("hg: float")  // [B, 2H] h_prev Wg_h
-    .Input("x: float")   // [B, 3H]
-    .Input("h_prev: float")
-    .Output("g: float")   // [B, 2H]
-    .Output("rh: float")  // [B, H]
-    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 2, {2, 1}); });
+REGISTER_OP("AugruSequence")
+    .Input("projected: float")         // [S, B, 3H]
+    .Input("keep: float")              // [S, B]
+    .Input("gate_kernel: float")       // [H, 2H]
+    .Input("candidate_kernel: float")  // [H, H]
+    .Output("states: float")           // [S, B, H]
+    .Output("g: float")                // [S, B, 2H]
+    .Output("rh: float")               // [S, B, H]
+    .Output("c: float")                // [S, B, H]
+    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 3, {1, 2, 1, 1}); });
 
-REGISTER_OP("AugruUpdate")
-    .Input("hc: float")    // [B, H] rh Wc_h
-    .Input("x: float")     // [B, 3H]
-    .Input("keep: float")  // [B]
-    .Input("g: float")
-    .Input("h_prev: float")
-    .Output("h: float")
-    .Output("c: float")
-    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 4, {1, 1}); });
-
-REGISTER_OP("AugruBackwardCandidate")
-    .Input("carry: float")  // [B, H]
-    .Input("rec: float")    // [B, H]
-    .Input("keep: float")   // [B]
-    .Input("g: float")
-    .Input("c: float")
-    .Output("dh: float")
-    .Output("dc: float")
-    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 0, {1, 1}); });
-
-REGISTER_OP("AugruBackwardGates")
-    .Input("dh: float")    // [B, H]
-    .Input("d_rh: float")  // [B, H]
-    .Input("keep: float")  // [B]
+REGISTER_OP("AugruSequenceGrad")
+    .Input("projected: float")  // [S, B, 3H]: its shape only
+    .Input("d_last: float")     // [B, H]
+    .Input("keep: float")
+    .Input("gate_kernel: float")
+    .Input("candidate_kernel: float")
+    .Input("states: float")
     .Input("g: float")
     .Input("c: float")
-    .Input("h_prev: float")
-    .Output("dg: float")      // [B, 2H]
-    .Output("d_keep: float")  // [B]
-    .Output("carry_out: float")
-    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 0, {2, 0, 1}); });
+    .Output("d_projected: float")  // [S, B, 3H] = [dg, dc]
+    .Output("d_keep: float")       // [S, B]
+    .SetShapeFn([](InferenceContext* c) { return SetOutputs(c, 4, {3, 0}); });
 
 namespace {
 
 using Row = Eigen::Map<Eigen::ArrayXf>;
 using ConstRow = Eigen::Map<const Eigen::ArrayXf>;
+using Matrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using MatrixMap = Eigen::Map<Matrix>;
+using ConstMatrixMap = Eigen::Map<const Matrix>;
 
-// The element-wise pass of one op over rows [begin, end) of the batch.
-class CellKernel : public OpKernel {
+// Checks shapes, allocates outputs, then runs Rows(begin, end) over the batch split across
+// the cores; S, B, H and the tensors' data as members.
+class SequenceKernel : public OpKernel {
  public:
-  explicit CellKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {}
+  explicit SequenceKernel(OpKernelConstruction* ctx) : OpKernel(ctx) {}
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& first = ctx->input(0);
-    OP_REQUIRES(ctx, first.dims() == 2,
-                errors::InvalidArgument(name(), ": input 0 must be [batch, columns]"));
-    batch_ = first.dim_size(0);
+    OP_REQUIRES(ctx, first.dims() == 3,
+                errors::InvalidArgument(name(), ": input 0 must be [steps, batch, columns], got ",
+                                        first.shape().DebugString()));
+    steps_ = first.dim_size(0);
+    batch_ = first.dim_size(1);
+    units_ = 0;  // set by Prepare from a kernel's shape
     OP_REQUIRES_OK(ctx, Prepare(ctx));
-    if (!ctx->status().ok() || batch_ == 0) return;
+    if (steps_ == 0 || batch_ == 0) return;
     auto workers = ctx->device()->tensorflow_cpu_worker_threads();
-    Shard(workers->num_threads, workers->workers, batch_, 40 * units_,
+    Shard(workers->num_threads, workers->workers, batch_, steps_ * 20 * units_ * units_,
           [this](int64_t begin, int64_t end) {
-            for (int64_t b = begin; b < end; ++b) ComputeRow(b);
+            for (int64_t b = begin; b < end; b += kBlock) Rows(b, std::min(end, b + kBlock));
           });
   }
 
  protected:
-  // Checks shapes, allocates the outputs.
-  virtual Status Prepare(OpKernelContext* ctx) = 0;
-  virtual void ComputeRow(int64_t b) = 0;
+  static constexpr int64_t kBlock = 64;  // rows of one recurrent GEMM: its operands stay in L2
 
-  // Input i's data, checked to be [batch, k * units] (k = 0: [batch]).
-  Status In(OpKernelContext* ctx, int i, int k, const float** data) {
+  virtual Status Prepare(OpKernelContext* ctx) = 0;
+  virtual void Rows(int64_t begin, int64_t end) = 0;
+
+  // Input i's data, checked to be [S, B, k * units] (k = 0: [S, B]), or [B, units] if batch_row.
+  Status In(OpKernelContext* ctx, int i, int k, const float** data, bool batch_row = false) {
     const Tensor& t = ctx->input(i);
-    bool ok = k ? t.dims() == 2 && t.dim_size(0) == batch_ && t.dim_size(1) == k * units_
-                : t.dims() == 1 && t.dim_size(0) == batch_;
+    bool ok = batch_row ? t.dims() == 2 && t.dim_size(0) == batch_ && t.dim_size(1) == units_
+              : k       ? t.dims() == 3 && t.dim_size(0) == steps_ && t.dim_size(1) == batch_ &&
+                        t.dim_size(2) == k * units_
+                        : t.dims() == 2 && t.dim_size(0) == steps_ && t.dim_size(1) == batch_;
     if (!ok) {
+      std::string want = batch_row ? std::to_string(batch_) + ", " + std::to_string(units_)
+                         : std::to_string(steps_) + ", " + std::to_string(batch_) +
+                               (k ? ", " + std::to_string(k * units_) : "");
       return errors::InvalidArgument(name(), ": input ", i, " has shape ",
-                                     t.shape().DebugString(), ", expected [", batch_,
-                                     k ? ", " + std::to_string(k * units_) + "]" : "]");
+                                     t.shape().DebugString(), ", expected [", want, "]");
     }
     *data = t.flat<float>().data();
     return OkStatus();
   }
 
-  Status Out(OpKernelContext* ctx, int i, int64_t columns, float** data) {
+  // Input i, a kernel [units, k * units]; sets units_ when it is not set yet.
+  Status Kernel(OpKernelContext* ctx, int i, int k, const float** data) {
+    const Tensor& t = ctx->input(i);
+    if (units_ == 0 && t.dims() == 2) units_ = t.dim_size(0);
+    if (t.dims() != 2 || t.dim_size(0) != units_ || t.dim_size(1) != k * units_) {
+      return errors::InvalidArgument(name(), ": input ", i, " has shape ",
+                                     t.shape().DebugString(), ", expected [", units_, ", ",
+                                     k * units_, "]");
+    }
+    *data = t.flat<float>().data();
+    return OkStatus();
+  }
+
+  Status Out(OpKernelContext* ctx, int i, int k, float** data) {
     Tensor* t = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(
-        i, columns ? TensorShape({batch_, columns}) : TensorShape({batch_}), &t));
+        i, k ? TensorShape({steps_, batch_, k * units_}) : TensorShape({steps_, batch_}), &t));
     *data = t->flat<float>().data();
     return OkStatus();
   }
 
-  int64_t batch_ = 0, units_ = 0;
+  // Offset of row b of step t in a [S, B, k * units] tensor.
+  int64_t At(int64_t t, int64_t b, int k) const { return (t * batch_ + b) * k * units_; }
+
+  int64_t steps_ = 0, batch_ = 0, units_ = 0;
 };
 
-class GruCellForwardOp : public CellKernel {
+class GruSequenceOp : public SequenceKernel {
  public:
-  using CellKernel::CellKernel;
+  using SequenceKernel::SequenceKernel;
 
  private:
   Status Prepare(OpKernelContext* ctx) override {
-    units_ = ctx->input(3).dims() == 2 ? ctx->input(3).dim_size(1) : -1;
-    TF_RETURN_IF_ERROR(In(ctx, 3, 1, &h_prev_));
-    TF_RETURN_IF_ERROR(In(ctx, 0, 3, &hu_));
-    TF_RETURN_IF_ERROR(In(ctx, 1, 3, &x_));
+    TF_RETURN_IF_ERROR(Kernel(ctx, 1, 3, &recurrent_));
+    TF_RETURN_IF_ERROR(In(ctx, 0, 3, &x_));
     const Tensor& bias = ctx->input(2);
     if (bias.dims() != 1 || bias.dim_size(0) != 3 * units_) {
-      return errors::InvalidArgument(name(), ": recurrent_bias must be [", 3 * units_, "]");
+      return errors::InvalidArgument(name(), ": recurrent_bias must be [", 3 * units_, "], got ",
+                                     bias.shape().DebugString());
     }
     bias_ = bias.flat<float>().data();
-    TF_RETURN_IF_ERROR(Out(ctx, 0, units_, &h_));
-    TF_RETURN_IF_ERROR(Out(ctx, 1, 2 * units_, &zr_));
-    TF_RETURN_IF_ERROR(Out(ctx, 2, units_, &n_));
-    return Out(ctx, 3, units_, &hu_n_);
+    TF_RETURN_IF_ERROR(Out(ctx, 0, 1, &states_));
+    TF_RETURN_IF_ERROR(Out(ctx, 1, 2, &zr_));
+    TF_RETURN_IF_ERROR(Out(ctx, 2, 1, &n_));
+    return Out(ctx, 3, 1, &hu_n_);
   }
 
-  void ComputeRow(int64_t b) override {
-    const int64_t H = units_;
-    const float* x = x_ + b * 3 * H;
-    const float* hu = hu_ + b * 3 * H;
-    Row zr(zr_ + b * 2 * H, 2 * H), n(n_ + b * H, H), hu_n(hu_n_ + b * H, H);
-    zr = (ConstRow(x, 2 * H) + ConstRow(hu, 2 * H) + ConstRow(bias_, 2 * H)).logistic();
-    hu_n = ConstRow(hu + 2 * H, H) + ConstRow(bias_ + 2 * H, H);
-    n = (ConstRow(x + 2 * H, H) + zr.tail(H) * hu_n).tanh();
-    Row(h_ + b * H, H) = n + zr.head(H) * (ConstRow(h_prev_ + b * H, H) - n);
+  void Rows(int64_t begin, int64_t end) override {
+    const int64_t H = units_, rows = end - begin;
+    Matrix hu = Matrix::Zero(rows, 3 * H);
+    const Eigen::ArrayXf zero = Eigen::ArrayXf::Zero(H);
+    ConstMatrixMap U(recurrent_, H, 3 * H);
+    for (int64_t t = 0; t < steps_; ++t) {
+      if (t) hu.noalias() = ConstMatrixMap(states_ + At(t - 1, begin, 1), rows, H) * U;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t b = begin + i;
+        const float* x = x_ + At(t, b, 3);
+        const float* h_prev = t ? states_ + At(t - 1, b, 1) : zero.data();
+        Row zr(zr_ + At(t, b, 2), 2 * H), n(n_ + At(t, b, 1), H), hu_n(hu_n_ + At(t, b, 1), H);
+        zr = (ConstRow(x, 2 * H) + hu.row(i).head(2 * H).array().transpose() +
+              ConstRow(bias_, 2 * H)).logistic();
+        hu_n = hu.row(i).tail(H).array().transpose() + ConstRow(bias_ + 2 * H, H);
+        n = (ConstRow(x + 2 * H, H) + zr.tail(H) * hu_n).tanh();
+        Row(states_ + At(t, b, 1), H) = n + zr.head(H) * (ConstRow(h_prev, H) - n);
+      }
+    }
   }
 
-  const float *hu_, *x_, *bias_, *h_prev_;
-  float *h_, *zr_, *n_, *hu_n_;
+  const float *x_, *recurrent_, *bias_;
+  float *states_, *zr_, *n_, *hu_n_;
 };
 
-class GruCellBackwardOp : public CellKernel {
+class GruSequenceGradOp : public SequenceKernel {
  public:
-  using CellKernel::CellKernel;
+  using SequenceKernel::SequenceKernel;
 
  private:
   Status Prepare(OpKernelContext* ctx) override {
-    units_ = ctx->input(0).dim_size(1);
-    TF_RETURN_IF_ERROR(In(ctx, 1, 1, &rec_));
-    TF_RETURN_IF_ERROR(In(ctx, 0, 1, &carry_));
-    TF_RETURN_IF_ERROR(In(ctx, 2, 1, &d_state_));
+    TF_RETURN_IF_ERROR(Kernel(ctx, 1, 3, &recurrent_));
+    TF_RETURN_IF_ERROR(In(ctx, 0, 1, &d_states_));
+    TF_RETURN_IF_ERROR(In(ctx, 2, 1, &states_));
     TF_RETURN_IF_ERROR(In(ctx, 3, 2, &zr_));
     TF_RETURN_IF_ERROR(In(ctx, 4, 1, &n_));
     TF_RETURN_IF_ERROR(In(ctx, 5, 1, &hu_n_));
-    TF_RETURN_IF_ERROR(In(ctx, 6, 1, &h_prev_));
-    TF_RETURN_IF_ERROR(Out(ctx, 0, 3 * units_, &d_x_));
-    TF_RETURN_IF_ERROR(Out(ctx, 1, 3 * units_, &d_hu_));
-    return Out(ctx, 2, units_, &carry_out_);
+    TF_RETURN_IF_ERROR(Out(ctx, 0, 3, &d_x_));
+    return Out(ctx, 1, 3, &d_hu_);
   }
 
-  void ComputeRow(int64_t b) override {
-    const int64_t H = units_;
-    const int64_t at = b * H;
-    Eigen::ArrayXf dh = ConstRow(carry_ + at, H) + ConstRow(rec_ + at, H) +
-                        ConstRow(d_state_ + at, H);
-    ConstRow z(zr_ + 2 * at, H), r(zr_ + 2 * at + H, H), n(n_ + at, H);
-    Row d_x(d_x_ + 3 * at, 3 * H), d_hu(d_hu_ + 3 * at, 3 * H);
-    d_x.segment(2 * H, H) = dh * (1.0f - z) * (1.0f - n * n);                        // dn
-    d_x.head(H) = dh * (ConstRow(h_prev_ + at, H) - n) * z * (1.0f - z);          // dz
-    d_x.segment(H, H) = d_x.segment(2 * H, H) * ConstRow(hu_n_ + at, H) * r * (1.0f - r);
-    d_hu.head(2 * H) = d_x.head(2 * H);
-    d_hu.tail(H) = r * d_x.tail(H);
-    Row(carry_out_ + at, H) = dh * z;
+  void Rows(int64_t begin, int64_t end) override {
+    const int64_t H = units_, rows = end - begin;
+    Matrix carry = Matrix::Zero(rows, H), rec = Matrix::Zero(rows, H);
+    const Eigen::ArrayXf zero = Eigen::ArrayXf::Zero(H);
+    ConstMatrixMap U(recurrent_, H, 3 * H);
+    for (int64_t t = steps_ - 1; t >= 0; --t) {
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t b = begin + i;
+        Eigen::ArrayXf dh = carry.row(i).array().transpose() + rec.row(i).array().transpose() +
+                            ConstRow(d_states_ + At(t, b, 1), H);
+        const float* zr = zr_ + At(t, b, 2);
+        ConstRow z(zr, H), r(zr + H, H), n(n_ + At(t, b, 1), H);
+        ConstRow h_prev(t ? states_ + At(t - 1, b, 1) : zero.data(), H);
+        Row d_x(d_x_ + At(t, b, 3), 3 * H), d_hu(d_hu_ + At(t, b, 3), 3 * H);
+        d_x.segment(2 * H, H) = dh * (1.0f - z) * (1.0f - n * n);  // dn
+        d_x.head(H) = dh * (h_prev - n) * z * (1.0f - z);          // dz
+        d_x.segment(H, H) = d_x.segment(2 * H, H) * ConstRow(hu_n_ + At(t, b, 1), H) * r *
+                            (1.0f - r);
+        d_hu.head(2 * H) = d_x.head(2 * H);
+        d_hu.tail(H) = r * d_x.tail(H);
+        carry.row(i) = (dh * z).transpose().matrix();
+      }
+      if (t) rec.noalias() = ConstMatrixMap(d_hu_ + At(t, begin, 3), rows, 3 * H) * U.transpose();
+    }
   }
 
-  const float *carry_, *rec_, *d_state_, *zr_, *n_, *hu_n_, *h_prev_;
-  float *d_x_, *d_hu_, *carry_out_;
+  const float *recurrent_, *d_states_, *states_, *zr_, *n_, *hu_n_;
+  float *d_x_, *d_hu_;
 };
 
-class AugruGatesOp : public CellKernel {
+class AugruSequenceOp : public SequenceKernel {
  public:
-  using CellKernel::CellKernel;
+  using SequenceKernel::SequenceKernel;
 
  private:
   Status Prepare(OpKernelContext* ctx) override {
-    units_ = ctx->input(2).dims() == 2 ? ctx->input(2).dim_size(1) : -1;
-    TF_RETURN_IF_ERROR(In(ctx, 2, 1, &h_prev_));
-    TF_RETURN_IF_ERROR(In(ctx, 0, 2, &hg_));
-    TF_RETURN_IF_ERROR(In(ctx, 1, 3, &x_));
-    TF_RETURN_IF_ERROR(Out(ctx, 0, 2 * units_, &g_));
-    return Out(ctx, 1, units_, &rh_);
+    TF_RETURN_IF_ERROR(Kernel(ctx, 3, 1, &candidate_));
+    TF_RETURN_IF_ERROR(Kernel(ctx, 2, 2, &gate_));
+    TF_RETURN_IF_ERROR(In(ctx, 0, 3, &x_));
+    TF_RETURN_IF_ERROR(In(ctx, 1, 0, &keep_));
+    TF_RETURN_IF_ERROR(Out(ctx, 0, 1, &states_));
+    TF_RETURN_IF_ERROR(Out(ctx, 1, 2, &g_));
+    TF_RETURN_IF_ERROR(Out(ctx, 2, 1, &rh_));
+    return Out(ctx, 3, 1, &c_);
   }
 
-  void ComputeRow(int64_t b) override {
-    const int64_t H = units_;
-    Row g(g_ + b * 2 * H, 2 * H);
-    g = (ConstRow(x_ + b * 3 * H, 2 * H) + ConstRow(hg_ + b * 2 * H, 2 * H)).logistic();
-    Row(rh_ + b * H, H) = g.head(H) * ConstRow(h_prev_ + b * H, H);
+  void Rows(int64_t begin, int64_t end) override {
+    const int64_t H = units_, rows = end - begin;
+    Matrix hg = Matrix::Zero(rows, 2 * H), hc = Matrix::Zero(rows, H);
+    const Eigen::ArrayXf zero = Eigen::ArrayXf::Zero(H);
+    ConstMatrixMap Wg(gate_, H, 2 * H), Wc(candidate_, H, H);
+    for (int64_t t = 0; t < steps_; ++t) {
+      if (t) hg.noalias() = ConstMatrixMap(states_ + At(t - 1, begin, 1), rows, H) * Wg;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t b = begin + i;
+        const float* h_prev = t ? states_ + At(t - 1, b, 1) : zero.data();
+        Row g(g_ + At(t, b, 2), 2 * H);
+        g = (ConstRow(x_ + At(t, b, 3), 2 * H) + hg.row(i).array().transpose()).logistic();
+        Row(rh_ + At(t, b, 1), H) = g.head(H) * ConstRow(h_prev, H);
+      }
+      if (t) hc.noalias() = ConstMatrixMap(rh_ + At(t, begin, 1), rows, H) * Wc;
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t b = begin + i;
+        ConstRow h_prev(t ? states_ + At(t - 1, b, 1) : zero.data(), H);
+        Row c(c_ + At(t, b, 1), H);
+        c = (ConstRow(x_ + At(t, b, 3) + 2 * H, H) + hc.row(i).array().transpose()).tanh();
+        Row(states_ + At(t, b, 1), H) =
+            c + keep_[t * batch_ + b] * ConstRow(g_ + At(t, b, 2) + H, H) * (h_prev - c);
+      }
+    }
   }
 
-  const float *hg_, *x_, *h_prev_;
-  float *g_, *rh_;
+  const float *x_, *keep_, *gate_, *candidate_;
+  float *states_, *g_, *rh_, *c_;
 };
 
-class AugruUpdateOp : public CellKernel {
+class AugruSequenceGradOp : public SequenceKernel {
  public:
-  using CellKernel::CellKernel;
+  using SequenceKernel::SequenceKernel;
 
  private:
   Status Prepare(OpKernelContext* ctx) override {
-    units_ = ctx->input(4).dims() == 2 ? ctx->input(4).dim_size(1) : -1;
-    TF_RETURN_IF_ERROR(In(ctx, 4, 1, &h_prev_));
-    TF_RETURN_IF_ERROR(In(ctx, 0, 1, &hc_));
-    TF_RETURN_IF_ERROR(In(ctx, 1, 3, &x_));
+    TF_RETURN_IF_ERROR(Kernel(ctx, 4, 1, &candidate_));
+    TF_RETURN_IF_ERROR(Kernel(ctx, 3, 2, &gate_));
+    const float* unused;
+    TF_RETURN_IF_ERROR(In(ctx, 0, 3, &unused));
+    TF_RETURN_IF_ERROR(In(ctx, 1, 1, &d_last_, /*batch_row=*/true));
     TF_RETURN_IF_ERROR(In(ctx, 2, 0, &keep_));
-    TF_RETURN_IF_ERROR(In(ctx, 3, 2, &g_));
-    TF_RETURN_IF_ERROR(Out(ctx, 0, units_, &h_));
-    return Out(ctx, 1, units_, &c_);
+    TF_RETURN_IF_ERROR(In(ctx, 5, 1, &states_));
+    TF_RETURN_IF_ERROR(In(ctx, 6, 2, &g_));
+    TF_RETURN_IF_ERROR(In(ctx, 7, 1, &c_));
+    TF_RETURN_IF_ERROR(Out(ctx, 0, 3, &d_x_));
+    return Out(ctx, 1, 0, &d_keep_);
   }
 
-  void ComputeRow(int64_t b) override {
-    const int64_t H = units_;
-    const float k = keep_[b];
-    Row c(c_ + b * H, H);
-    c = (ConstRow(x_ + b * 3 * H + 2 * H, H) + ConstRow(hc_ + b * H, H)).tanh();
-    Row(h_ + b * H, H) = c + k * ConstRow(g_ + b * 2 * H + H, H) *
-                                 (ConstRow(h_prev_ + b * H, H) - c);
+  void Rows(int64_t begin, int64_t end) override {
+    const int64_t H = units_, rows = end - begin;
+    Matrix carry = ConstMatrixMap(d_last_ + begin * H, rows, H), rec = Matrix::Zero(rows, H);
+    Matrix dc(rows, H), d_rh(rows, H), dg(rows, 2 * H);
+    const Eigen::ArrayXf zero = Eigen::ArrayXf::Zero(H);
+    ConstMatrixMap Wg(gate_, H, 2 * H), Wc(candidate_, H, H);
+    for (int64_t t = steps_ - 1; t >= 0; --t) {
+      carry += rec;  // dh of each row
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t b = begin + i;
+        const float k = keep_[t * batch_ + b];
+        ConstRow c(c_ + At(t, b, 1), H);
+        dc.row(i) = (carry.row(i).array().transpose() *
+                     (1.0f - k * ConstRow(g_ + At(t, b, 2) + H, H)) * (1.0f - c * c))
+                        .transpose()
+                        .matrix();
+      }
+      d_rh.noalias() = dc * Wc.transpose();
+      for (int64_t i = 0; i < rows; ++i) {
+        const int64_t b = begin + i;
+        const float k = keep_[t * batch_ + b];
+        ConstRow h_prev(t ? states_ + At(t - 1, b, 1) : zero.data(), H);
+        ConstRow r(g_ + At(t, b, 2), H), u(g_ + At(t, b, 2) + H, H);
+        Eigen::ArrayXf dh = carry.row(i).array().transpose();
+        Eigen::ArrayXf drh = d_rh.row(i).array().transpose();
+        Eigen::ArrayXf d_ku = dh * (h_prev - ConstRow(c_ + At(t, b, 1), H));
+        Row d_x(d_x_ + At(t, b, 3), 3 * H);
+        d_x.head(H) = drh * h_prev * r * (1.0f - r);
+        d_x.segment(H, H) = k * d_ku * u * (1.0f - u);
+        d_x.tail(H) = dc.row(i).array().transpose();
+        d_keep_[t * batch_ + b] = (u * d_ku).sum();
+        carry.row(i) = (k * u * dh + r * drh).transpose().matrix();
+        dg.row(i) = d_x.head(2 * H).transpose().matrix();
+      }
+      if (t) rec.noalias() = dg * Wg.transpose();
+    }
   }
 
-  const float *hc_, *x_, *keep_, *g_, *h_prev_;
-  float *h_, *c_;
-};
-
-class AugruBackwardCandidateOp : public CellKernel {
- public:
-  using CellKernel::CellKernel;
-
- private:
-  Status Prepare(OpKernelContext* ctx) override {
-    units_ = ctx->input(0).dim_size(1);
-    TF_RETURN_IF_ERROR(In(ctx, 0, 1, &carry_));
-    TF_RETURN_IF_ERROR(In(ctx, 1, 1, &rec_));
-    TF_RETURN_IF_ERROR(In(ctx, 2, 0, &keep_));
-    TF_RETURN_IF_ERROR(In(ctx, 3, 2, &g_));
-    TF_RETURN_IF_ERROR(In(ctx, 4, 1, &c_));
-    TF_RETURN_IF_ERROR(Out(ctx, 0, units_, &dh_));
-    return Out(ctx, 1, units_, &dc_);
-  }
-
-  void ComputeRow(int64_t b) override {
-    const int64_t H = units_, at = b * H;
-    const float k = keep_[b];
-    Row dh(dh_ + at, H);
-    dh = ConstRow(carry_ + at, H) + ConstRow(rec_ + at, H);
-    ConstRow c(c_ + at, H);
-    Row(dc_ + at, H) = dh * (1.0f - k * ConstRow(g_ + 2 * at + H, H)) * (1.0f - c * c);
-  }
-
-  const float *carry_, *rec_, *keep_, *g_, *c_;
-  float *dh_, *dc_;
-};
-
-class AugruBackwardGatesOp : public CellKernel {
- public:
-  using CellKernel::CellKernel;
-
- private:
-  Status Prepare(OpKernelContext* ctx) override {
-    units_ = ctx->input(0).dim_size(1);
-    TF_RETURN_IF_ERROR(In(ctx, 0, 1, &dh_));
-    TF_RETURN_IF_ERROR(In(ctx, 1, 1, &d_rh_));
-    TF_RETURN_IF_ERROR(In(ctx, 2, 0, &keep_));
-    TF_RETURN_IF_ERROR(In(ctx, 3, 2, &g_));
-    TF_RETURN_IF_ERROR(In(ctx, 4, 1, &c_));
-    TF_RETURN_IF_ERROR(In(ctx, 5, 1, &h_prev_));
-    TF_RETURN_IF_ERROR(Out(ctx, 0, 2 * units_, &dg_));
-    TF_RETURN_IF_ERROR(Out(ctx, 1, 0, &d_keep_));
-    return Out(ctx, 2, units_, &carry_out_);
-  }
-
-  void ComputeRow(int64_t b) override {
-    const int64_t H = units_, at = b * H;
-    const float k = keep_[b];
-    ConstRow dh(dh_ + at, H), d_rh(d_rh_ + at, H), h_prev(h_prev_ + at, H);
-    ConstRow r(g_ + 2 * at, H), u(g_ + 2 * at + H, H);
-    Eigen::ArrayXf d_ku = dh * (h_prev - ConstRow(c_ + at, H));
-    Row dg(dg_ + 2 * at, 2 * H);
-    dg.head(H) = d_rh * h_prev * r * (1.0f - r);
-    dg.tail(H) = k * d_ku * u * (1.0f - u);
-    d_keep_[b] = (u * d_ku).sum();
-    Row(carry_out_ + at, H) = k * u * dh + r * d_rh;
-  }
-
-  const float *dh_, *d_rh_, *keep_, *g_, *c_, *h_prev_;
-  float *dg_, *d_keep_, *carry_out_;
+  const float *d_last_, *keep_, *gate_, *candidate_, *states_, *g_, *c_;
+  float *d_x_, *d_keep_;
 };
 
 }  // namespace
 
-REGISTER_KERNEL_BUILDER(Name("GruCellForward").Device(DEVICE_CPU),
-                        GruCellForwardOp);
-REGISTER_KERNEL_BUILDER(Name("GruCellBackward").Device(DEVICE_CPU),
-                        GruCellBackwardOp);
-REGISTER_KERNEL_BUILDER(Name("AugruGates").Device(DEVICE_CPU), AugruGatesOp);
-REGISTER_KERNEL_BUILDER(Name("AugruUpdate").Device(DEVICE_CPU),
-                        AugruUpdateOp);
-REGISTER_KERNEL_BUILDER(Name("AugruBackwardCandidate").Device(DEVICE_CPU),
-                        AugruBackwardCandidateOp);
-REGISTER_KERNEL_BUILDER(Name("AugruBackwardGates").Device(DEVICE_CPU),
-                        AugruBackwardGatesOp);
+REGISTER_KERNEL_BUILDER(Name("GruSequence").Device(DEVICE_CPU), GruSequenceOp);
+REGISTER_KERNEL_BUILDER(Name("GruSequenceGrad").Device(DEVICE_CPU), GruSequenceGradOp);
+REGISTER_KERNEL_BUILDER(Name("AugruSequence").Device(DEVICE_CPU), AugruSequenceOp);
+REGISTER_KERNEL_BUILDER(Name("AugruSequenceGrad").Device(DEVICE_CPU), AugruSequenceGradOp);
 
 }  // namespace tensorflow

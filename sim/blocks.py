@@ -315,7 +315,7 @@ def gru_states(projected, recurrent, recurrent_bias):
     states [S, B, H], unrolled over the static steps (no while loop), with its gradient
     written by hand: autodiff of the unrolled cell costs about twice the ops per step, and a
     matmul per step for the recurrent kernel's gradient, here one over all steps. In float32
-    on a CPU each step's element-wise work is one op each way (ops/recurrent_cells.cc)."""
+    on a CPU the whole recurrence is one op each way (ops/recurrent_cells.cc)."""
     cells = fused_ops.recurrent_cells(projected.dtype)
     if cells is not None:
         return fused_gru_states(cells, projected, recurrent, recurrent_bias)
@@ -331,38 +331,21 @@ def recurrent_product(h, kernel, step: int):
 
 
 def fused_gru_states(cells, projected, recurrent, recurrent_bias):
-    """gru_states with the cell ops between TensorFlow's matmuls; the formulas are those of
-    ops/recurrent_cells.cc and of gru_states_by_tf_ops."""
+    """gru_states as one op each way (ops/recurrent_cells.cc: every step of a thread's rows);
+    the formulas are those of gru_states_by_tf_ops. The recurrent kernel's gradient is one
+    matmul over the steps that have a previous state."""
 
     @tf.custom_gradient
     def run(projected, recurrent, recurrent_bias):
-        h = tf.zeros([tf.shape(projected)[1], recurrent.shape[0]], projected.dtype)
-        saved = {"h_prev": [], "zr": [], "n": [], "hu_n": []}
-        for t, x in enumerate(tf.unstack(projected)):  # one op; the steps share its buffer
-            saved["h_prev"].append(h)
-            h, zr, n, hu_n = cells.gru_cell_forward(recurrent_product(h, recurrent, t), x,
-                                                    recurrent_bias, h)
-            for name, value in (("zr", zr), ("n", n), ("hu_n", hu_n)):
-                saved[name].append(value)
-        states = tf.stack(saved["h_prev"][1:] + [h])
+        states, zr, n, hu_n = cells.gru_sequence(projected, recurrent, recurrent_bias)
 
         def grad(d_states):
-            carry = rec = tf.zeros_like(h)
-            d_x, d_hu, d_state = [], [], tf.unstack(d_states)
-            for t in reversed(range(len(saved["zr"]))):
-                dx, dhu, carry = cells.gru_cell_backward(
-                    carry, rec, d_state[t], saved["zr"][t], saved["n"][t], saved["hu_n"][t],
-                    saved["h_prev"][t])
-                d_x.append(dx)
-                d_hu.append(dhu)
-                if t:
-                    rec = tf.matmul(dhu, recurrent, transpose_b=True)
-            d_hu_first, d_hu_rest = d_hu[-1], tf.concat(d_hu[-2::-1], 0)
+            d_x, d_hu = cells.gru_sequence_grad(d_states, recurrent, states, zr, n, hu_n)
+            units = recurrent.shape[0]
             # h_prev of step 0 is 0: no share in the recurrent kernel's gradient
-            d_recurrent = tf.matmul(tf.concat(saved["h_prev"][1:], 0), d_hu_rest,
-                                    transpose_a=True)
-            return (tf.stack(d_x[::-1]), d_recurrent,
-                    tf.reduce_sum(d_hu_rest, 0) + tf.reduce_sum(d_hu_first, 0))
+            d_recurrent = tf.matmul(tf.reshape(states[:-1], [-1, units]),
+                                    tf.reshape(d_hu[1:], [-1, 3 * units]), transpose_a=True)
+            return d_x, d_recurrent, tf.reduce_sum(d_hu, [0, 1])
         return states, grad
     return run(projected, recurrent, recurrent_bias)
 
@@ -458,7 +441,7 @@ class AUGRU(tf.Module):
 def augru_last_state(projected, keep, gate_kernel, candidate_kernel):
     """AUGRU's recurrence over projected [S, B, 3H] ([x Wg + bg, x Wc + bc] of every step),
     keep = 1 - attention [S, B] -> the last state [B, H]; unrolled, gradient by hand as
-    gru_states', with the same cell ops in float32 on a CPU."""
+    gru_states', one op each way in float32 on a CPU."""
     cells = fused_ops.recurrent_cells(projected.dtype)
     if cells is not None:
         return fused_augru_last_state(cells, projected, keep, gate_kernel, candidate_kernel)
@@ -466,45 +449,25 @@ def augru_last_state(projected, keep, gate_kernel, candidate_kernel):
 
 
 def fused_augru_last_state(cells, projected, keep, gate_kernel, candidate_kernel):
-    """augru_last_state with the cell ops between TensorFlow's matmuls (two each way per
-    step: the candidate reads r h, the gates' gradient reads the candidate's)."""
+    """augru_last_state as one op each way (ops/recurrent_cells.cc); the kernels' gradients
+    are one matmul each over the steps that have a previous state."""
 
     @tf.custom_gradient
     def run(projected, keep, gate_kernel, candidate_kernel):
-        h = tf.zeros([tf.shape(projected)[1], candidate_kernel.shape[0]], projected.dtype)
-        saved = {"h_prev": [], "g": [], "rh": [], "c": []}
-        keeps = tf.unstack(keep)
-        for t, x in enumerate(tf.unstack(projected)):
-            g, rh = cells.augru_gates(recurrent_product(h, gate_kernel, t), x, h)
-            for name, value in (("h_prev", h), ("g", g), ("rh", rh)):
-                saved[name].append(value)
-            h, c = cells.augru_update(recurrent_product(rh, candidate_kernel, t), x, keeps[t],
-                                      g, h)
-            saved["c"].append(c)
+        states, g, rh, c = cells.augru_sequence(projected, keep, gate_kernel, candidate_kernel)
 
         def grad(d_last):
-            carry, rec = d_last, tf.zeros_like(d_last)
-            d_g, d_c, d_keep = [], [], []
-            for t in reversed(range(len(saved["c"]))):
-                dh, dc = cells.augru_backward_candidate(carry, rec, keeps[t], saved["g"][t],
-                                                        saved["c"][t])
-                d_rh = tf.matmul(dc, candidate_kernel, transpose_b=True)
-                dg, dk, carry = cells.augru_backward_gates(dh, d_rh, keeps[t], saved["g"][t],
-                                                           saved["c"][t], saved["h_prev"][t])
-                d_g.append(dg)
-                d_c.append(dc)
-                d_keep.append(dk)
-                if t:
-                    rec = tf.matmul(dg, gate_kernel, transpose_b=True)
-            d_g, d_c = d_g[::-1], d_c[::-1]
+            d_x, d_keep = cells.augru_sequence_grad(projected, d_last, keep, gate_kernel,
+                                                    candidate_kernel, states, g, c)
+            units = candidate_kernel.shape[0]
+            d_g, d_c = tf.split(d_x[1:], [2 * units, units], axis=2)
             # h_prev and r h of step 0 are 0: no share in the kernels' gradients
-            d_gate = tf.matmul(tf.concat(saved["h_prev"][1:], 0), tf.concat(d_g[1:], 0),
-                               transpose_a=True)
-            d_candidate = tf.matmul(tf.concat(saved["rh"][1:], 0), tf.concat(d_c[1:], 0),
-                                    transpose_a=True)
-            d_x = tf.stack([tf.concat(pair, 1) for pair in zip(d_g, d_c)])
-            return d_x, tf.stack(d_keep[::-1]), d_gate, d_candidate
-        return h, grad
+            d_gate = tf.matmul(tf.reshape(states[:-1], [-1, units]),
+                               tf.reshape(d_g, [-1, 2 * units]), transpose_a=True)
+            d_candidate = tf.matmul(tf.reshape(rh[1:], [-1, units]),
+                                    tf.reshape(d_c, [-1, units]), transpose_a=True)
+            return d_x, d_keep, d_gate, d_candidate
+        return states[-1], grad
     return run(projected, keep, gate_kernel, candidate_kernel)
 
 

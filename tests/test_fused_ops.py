@@ -212,21 +212,23 @@ def test_distinct_ids_are_tf_unique(rows, index_dtype):
         fused_ops.distinct_ids(tf.constant([1, 2, rows], index_dtype), rows)
 
 
-def test_a_cell_op_names_a_misshapen_step_input():
-    """The cell ops read one step's [batch, k * units] rows (time-major slices): a whole
-    batch-major [batch, steps, 3 * units] projection, or a [batch, steps] keep, is refused
-    with the input and the shape expected."""
+def test_a_sequence_op_names_a_misshapen_input():
+    """The recurrence ops read time-major [steps, batch, k * units] tensors: a batch-major
+    keep, a kernel of the wrong width or a projection of rank 2 is refused with the input
+    and the shape expected."""
     require_or_skip(fused_ops.is_current("recurrent_cells"), "build/recurrent_cells.so is not "
                     "built (tools/setup_env.sh builds it)")
     cells = fused_ops.library("recurrent_cells")
-    batch, units, steps = 4, 3, 5
-    h, hu, bias = tf.zeros([batch, units]), tf.zeros([batch, 3 * units]), tf.zeros([3 * units])
+    steps, batch, units = 5, 4, 3
+    projected = tf.zeros([steps, batch, 3 * units])
+    gate, candidate = tf.zeros([units, 2 * units]), tf.zeros([units, units])
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"input 1 has shape \[4,5,9\], expected \[4, 9\]"):
-        cells.gru_cell_forward(hu, tf.zeros([batch, steps, 3 * units]), bias, h)
-    g = tf.zeros([batch, 2 * units])
+                       match=r"input 1 has shape \[4,5\], expected \[5, 4\]"):
+        cells.augru_sequence(projected, tf.zeros([batch, steps]), gate, candidate)
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"input 2 has shape \[4,5\], expected \[4\]"):
-        cells.augru_update(h, hu, tf.zeros([batch, steps]), g, h)
-    out, _ = cells.augru_update(h, hu, tf.ones([batch]), g, h)  # the right shapes pass
-    assert out.shape == (batch, units)
+                       match=r"input 1 has shape \[3,6\], expected \[3, 9\]"):
+        cells.gru_sequence(projected, gate, tf.zeros([3 * units]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"input 0 must be \[steps, batch"):
+        cells.gru_sequence(projected[0], tf.zeros([units, 3 * units]), tf.zeros([3 * units]))
+    states, *_ = cells.augru_sequence(projected, tf.ones([steps, batch]), gate, candidate)
+    assert states.shape == (steps, batch, units)  # the right shapes pass

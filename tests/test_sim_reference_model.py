@@ -279,9 +279,11 @@ def test_parameter_counts_equal_the_references(stage_one):
         assert count == built[model_type], model_type
 
 
-# float64: the TensorFlow-op path; float32: the cell ops of ops/recurrent_cells.cc
+# float64: the TensorFlow-op path; float32: the sequence ops of ops/recurrent_cells.cc, whose
+# threads take blocks of 64 rows: a batch of 150 spans several blocks and both cores
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_hand_written_recurrence_gradients_match_autodiff(dtype):
+@pytest.mark.parametrize("Bn, S, H", [(3, 4, 5), (150, 3, 7)])
+def test_hand_written_recurrence_gradients_match_autodiff(dtype, Bn, S, H):
     """gru_states and augru_last_state (gradients by hand) against TensorFlow's autodiff in
     float64 of the cells written out here, for every input, the attention and the kernels
     (time-major: [steps, batch, ...])."""
@@ -293,7 +295,6 @@ def test_hand_written_recurrence_gradients_match_autodiff(dtype):
         assert fused_ops.recurrent_cells(tf.float32) is not None
     assert fused_ops.recurrent_cells(tf.float64) is None
     rng = np.random.default_rng(11)
-    Bn, S, H = 3, 4, 5
     f64 = tf.float64
     rtol, atol = (1e-10, 1e-12) if dtype == "float64" else (2e-5, 2e-6)
 
